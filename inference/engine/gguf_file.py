@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from .types import ModelLoadError

@@ -154,6 +154,11 @@ class ModelService:
         finally:
             job.cancelled.set()
 
+    @property
+    def busy(self) -> bool:
+        """A generation holds the model (an aborted one holds it until its next token)."""
+        return self._busy.locked()
+
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=30)
@@ -233,4 +238,3 @@ class ModelService:
         self.stats.generations += 1
         if n >= 8 and seconds > 0:
             self.stats.decode_tok_per_s = n / seconds
-

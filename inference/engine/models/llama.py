@@ -71,7 +71,9 @@ class LlamaModel:
     def __init__(self, gf: GGUFFile, progress: Callable[[int, int], None] | None = None):
         self.hp = hp = HParams.from_gguf(gf)
         if hp.rope_dim != hp.head_dim:
-            raise ModelLoadError(f"partial RoPE (dim {hp.rope_dim} of {hp.head_dim}) is not supported")
+            raise ModelLoadError(
+                f"partial RoPE (dim {hp.rope_dim} of {hp.head_dim}) is not supported"
+            )
         n_total = len(gf.tensors)
         done = 0
 
@@ -89,7 +91,11 @@ class LlamaModel:
         self.layers: list[Layer] = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
-            q, k, v = load(p + "attn_q.weight"), load(p + "attn_k.weight"), load(p + "attn_v.weight")
+            q, k, v = (
+                load(p + "attn_q.weight"),
+                load(p + "attn_k.weight"),
+                load(p + "attn_v.weight"),
+            )
             gate, up = load(p + "ffn_gate.weight"), load(p + "ffn_up.weight")
             self.layers.append(
                 Layer(
@@ -171,5 +177,9 @@ class LlamaModel:
 def load(gf: GGUFFile, progress: Callable[[int, int], None] | None = None) -> LlamaModel:
     t0 = time.perf_counter()
     model = LlamaModel(gf, progress)
-    log.info("llama weights ready in %.2f s (%.0f MB float32)", time.perf_counter() - t0, model.weight_bytes / 1e6)
+    log.info(
+        "llama weights ready in %.2f s (%.0f MB float32)",
+        time.perf_counter() - t0,
+        model.weight_bytes / 1e6,
+    )
     return model

@@ -1,0 +1,247 @@
+"""GGUF `tokenizer.ggml.*` metadata -> a `tokenizers.Tokenizer`, plus exact byte-level decoding.
+
+Encoding goes through the Rust `tokenizers` BPE; decoding uses a per-token byte table built
+once here, so that streaming one token at a time is O(1) and byte-exact.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+log = logging.getLogger(__name__)
+
+# GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+TOKEN_NORMAL = 1
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+
+# Texts that end a turn for the chat formats we know, beyond the model's own eos.
+END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>")
+
+# Pre-tokenizer regexes, per llama.cpp's llama-vocab.cpp grouping of `tokenizer.ggml.pre`.
+# Written as the original HF tokenizer.json patterns (Oniguruma understands `(?i:...)`).
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_FAMILIES = {
+    "gpt2": ("gpt2", "gpt-2", "default", "phi-2", "mpt", "olmo", "jais", "roberta-bpe"),
+    "digits_gpt2": ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"),
+    "llama3": ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"),
+    "qwen2": ("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan"),
+}
+PRE_TOKENIZER_FAMILY = {name: family for family, names in _PRE_FAMILIES.items() for name in names}
+# llama.cpp turns on ignore_merges (and a default add_bos) for these only, not dbrx/smaug.
+_LLAMA3_PROPER = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"})
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from the 256 byte values to printable unicode characters."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in printable}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in bytes_to_unicode().items()}
+
+
+def gguf_metadata(source: Any, prefix: str = "tokenizer.") -> dict[str, Any]:
+    """Plain Python values of the metadata keys under `prefix`.
+
+    `source` is a `gguf.GGUFReader`, its `.fields`, or a mapping of already-decoded values.
+    """
+    fields = getattr(source, "fields", source)
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"expected a GGUFReader or a metadata mapping, got {type(source)!r}")
+    out = {}
+    for key, value in fields.items():
+        if key.startswith(prefix):
+            out[key] = value.contents() if hasattr(value, "contents") else value
+    return out
+
+
+def _make_pre_tokenizer(pre: str) -> tuple[Any, bool]:
+    """(pre-tokenizer, BPE ignore_merges) for a `tokenizer.ggml.pre` value."""
+    family = PRE_TOKENIZER_FAMILY.get(pre)
+    if family is None:
+        log.warning("unknown tokenizer.ggml.pre %r: falling back to the GPT-2 pre-tokenizer", pre)
+        family = "gpt2"
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if family == "gpt2":
+        return byte_level, False
+    if family == "digits_gpt2":
+        # llama.cpp splits every \p{N} alone first, then applies the GPT-2 regex.
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        return pre_tokenizers.Sequence([digits, byte_level]), False
+    pattern = _LLAMA3_PATTERN if family == "llama3" else _QWEN2_PATTERN
+    split = pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False)
+    bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    # llama.cpp (and HF's tokenizer.json) look a whole llama3 word up before merging.
+    return pre_tokenizers.Sequence([split, bytes_only]), pre in _LLAMA3_PROPER
+
+
+def _split_merge(merge: str) -> tuple[str, str]:
+    cut = merge.find(" ", 1)  # from 1, as llama.cpp does: a left part may itself be " "
+    if cut < 0:
+        raise ValueError(f"malformed BPE merge {merge!r}")
+    return merge[:cut], merge[cut + 1 :]
+
+
+def _token_bytes(text: str, token_type: int) -> bytes:
+    if token_type in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+        return text.encode("utf-8")  # stored as plain text, not byte-level encoded
+    try:
+        return bytes(_UNICODE_TO_BYTE[c] for c in text)
+    except KeyError:
+        return text.encode("utf-8")  # a vocab entry outside the byte alphabet
+
+
+class Tokenizer:
+    """A GGUF vocabulary: encode text to ids, decode ids to text or raw bytes."""
+
+    def __init__(
+        self,
+        tokens: list[str],
+        merges: list[str],
+        token_types: list[int] | None = None,
+        *,
+        pre: str = "gpt2",
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        add_bos: bool = False,
+        add_eos: bool = False,
+        extra_end_ids: Iterable[int] = (),
+    ):
+        n = len(tokens)
+        types = list(token_types) if token_types is not None else [TOKEN_NORMAL] * n
+        if len(types) != n:
+            raise ValueError(f"{n} tokens but {len(types)} token types")
+        self.vocab_size = n
+        self.pre = pre
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.add_bos = add_bos and bos_id is not None
+        self.add_eos = add_eos and eos_id is not None
+        self._tokens = list(tokens)
+        self._types = types
+        self._bytes = [_token_bytes(t, k) for t, k in zip(tokens, types, strict=True)]
+
+        vocab: dict[str, int] = {}
+        for i, t in enumerate(tokens):
+            vocab.setdefault(t, i)  # first id wins where a vocab repeats a string
+        self._ids = vocab
+        pairs = [_split_merge(m) for m in merges]
+        pre_tokenizer, ignore_merges = _make_pre_tokenizer(pre)
+        hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=ignore_merges))
+        hf.pre_tokenizer = pre_tokenizer
+        hf.decoder = decoders.ByteLevel()
+        specials = [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types, strict=True)
+            if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and t
+        ]
+        hf.add_special_tokens(specials)
+        self.hf = hf
+        self.special_ids = frozenset(
+            i for i, k in enumerate(types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        )
+
+        ends = {i for i in extra_end_ids if 0 <= i < n}
+        if eos_id is not None:
+            ends.add(eos_id)
+        ends.update(vocab[t] for t in END_OF_TURN_TEXTS if t in vocab)
+        self.end_of_turn_ids = frozenset(ends)
+
+    @classmethod
+    def from_gguf(cls, source: Any) -> Tokenizer:
+        """Build from a `gguf.GGUFReader` or a mapping of GGUF metadata (plain values)."""
+        meta = gguf_metadata(source)
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise NotImplementedError(f"tokenizer.ggml.model {kind!r} is not supported (gpt2 only)")
+
+        pre = str(meta.get("tokenizer.ggml.pre", "default"))
+
+        def opt_id(key: str) -> int | None:
+            v = meta.get(key)
+            return None if v is None or int(v) < 0 else int(v)
+
+        extra_ends = [opt_id(f"tokenizer.ggml.{k}") for k in ("eot_token_id", "eom_token_id")]
+        return cls(
+            list(meta["tokenizer.ggml.tokens"]),
+            list(meta.get("tokenizer.ggml.merges", ())),
+            [int(t) for t in meta["tokenizer.ggml.token_type"]]
+            if "tokenizer.ggml.token_type" in meta
+            else None,
+            pre=pre,
+            bos_id=opt_id("tokenizer.ggml.bos_token_id"),
+            eos_id=opt_id("tokenizer.ggml.eos_token_id"),
+            # Absent key: llama.cpp adds BOS for llama3-style vocabularies only.
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", pre in _LLAMA3_PROPER)),
+            add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+            extra_end_ids=[i for i in extra_ends if i is not None],
+        )
+
+    def encode(self, text: str, add_special: bool = False) -> list[int]:
+        """Token ids for `text`; special tokens written in it are recognised.
+
+        `add_special` adds BOS (and EOS) only where the GGUF asks for them.
+        """
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos:
+            ids.insert(0, self.bos_id)
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`, special tokens included as their text."""
+        return b"".join(self._bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._bytes[token_id]
+
+    def token_text(self, token_id: int) -> str:
+        """The vocabulary string of one id, as stored in the GGUF (byte-level alphabet)."""
+        return self._tokens[token_id]
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a vocabulary string, e.g. "<|im_end|>", or None."""
+        return self._ids.get(text)
+
+    def detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self)
+
+
+class IncrementalDetokenizer:
+    """Feed ids one at a time; get back only whole UTF-8 characters."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._bytes = tokenizer._bytes
+        # The C incremental decoder holds an incomplete multibyte tail until it completes,
+        # and only replaces bytes that can never become valid.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._decoder.decode(self._bytes[token_id])
+
+    def flush(self) -> str:
+        """Whatever is left at the end; an unfinished character becomes U+FFFD."""
+        text = self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        return text
