@@ -29,6 +29,7 @@ from .types import (
     GenerationFailed,
     GenerationRequest,
     ModelConfig,
+    ModelLoadError,
     ServerBusy,
     TokenEvent,
     Usage,
@@ -95,7 +96,10 @@ class ModelService:
                 last_logged[0] = now
                 log.info("%s: tensors %d/%d", config.name, done, total)
 
-        tokenizer = Tokenizer.from_gguf(gf.reader)
+        try:
+            tokenizer = Tokenizer.from_gguf(gf.reader)
+        except (NotImplementedError, KeyError, ValueError) as exc:
+            raise ModelLoadError(f"{gf.path.name}: unusable tokenizer metadata: {exc}") from exc
         template = ChatTemplate.from_gguf(gf.metadata)
         model = arch.load(gf, progress)
         svc = cls(config, gf, model, tokenizer, template)

@@ -17,8 +17,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reference_dir() -> Path:
+    """$PANTHEON_REFERENCE_DIR, else ../shared/reference beside the repo, else the copy in tests/."""
     env = os.environ.get("PANTHEON_REFERENCE_DIR")
-    return Path(env) if env else (REPO_ROOT / ".." / "shared" / "reference").resolve()
+    if env:
+        return Path(env)
+    shared = (REPO_ROOT / ".." / "shared" / "reference").resolve()
+    return shared if (shared / "README.md").is_file() else REPO_ROOT / "tests" / "reference"
 
 
 def smollm2_gguf_path() -> Path | None:
@@ -94,7 +98,7 @@ def read_gguf_kv(path: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def reference_dir() -> Path:
-    """`../shared/reference` beside the repo root, or $PANTHEON_REFERENCE_DIR."""
+    """Reference outputs from independent implementations (see tests/reference/README.md)."""
     path = _reference_dir()
     if not (path / "README.md").is_file():
         pytest.skip(f"reference outputs not found at {path} (set PANTHEON_REFERENCE_DIR)")
