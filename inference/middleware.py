@@ -1,0 +1,51 @@
+"""CORS for every response, and the OPTIONS preflight on any path."""
+
+from __future__ import annotations
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponse
+
+
+class CorsMiddleware:
+    """Outermost middleware: every response carries `Access-Control-Allow-Origin: *`
+    (the contract), and OPTIONS on any path, known or not, answers 200 `{}` without
+    reaching routing, CSRF or a view. Sync and async capable, so the async chat view
+    is not pushed onto a worker thread."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest):
+        if self.is_async:
+            return self.__acall__(request)
+        response = self._preflight(request) or self.get_response(request)
+        return self._add_headers(response)
+
+    async def __acall__(self, request: HttpRequest):
+        response = self._preflight(request) or await self.get_response(request)
+        return self._add_headers(response)
+
+    @staticmethod
+    def _preflight(request: HttpRequest) -> HttpResponse | None:
+        if request.method != "OPTIONS":
+            return None
+        response = HttpResponse(b"{}", content_type="application/json")
+        response["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+        # Echo what the browser asks for (Content-Type, Authorization, X-Session-Id ...).
+        requested = request.headers.get("Access-Control-Request-Headers")
+        response["Access-Control-Allow-Headers"] = requested or "*"
+        response["Access-Control-Max-Age"] = "86400"
+        return response
+
+    @staticmethod
+    def _add_headers(response: HttpResponse) -> HttpResponse:
+        response["Access-Control-Allow-Origin"] = "*"
+        # The contract: one request per connection (clients reconnect; no idle keep-alive).
+        response["Connection"] = "close"
+        return response

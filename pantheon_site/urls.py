@@ -1,0 +1,20 @@
+from django.contrib import admin
+from django.urls import include, path, re_path
+from django.views.generic import RedirectView
+
+from inference import errors
+
+urlpatterns = [
+    path("", include("inference.urls")),
+    # The Django admin lives at /console/: /admin/... belongs to the operator routes.
+    path("console/", admin.site.urls),
+    path("console", RedirectView.as_view(url="/console/")),
+    # Last: every other path is the contract's JSON 404 (also when DEBUG is on, where
+    # Django would otherwise answer with its HTML debug page).
+    re_path(r"^", errors.not_found),
+]
+
+handler400 = errors.bad_request
+handler403 = errors.permission_denied
+handler404 = errors.not_found
+handler500 = errors.server_error_view

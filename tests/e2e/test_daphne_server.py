@@ -1,0 +1,317 @@
+"""The real server: Daphne in a subprocess, the shipped SmolLM2, the OpenAI SDK and raw HTTP.
+
+Nothing is mocked. The server is started once for the module (its own data dir, migrated
+first) and killed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+LOAD_TIMEOUT_S = 120
+NOT_FOUND = b'{"error":{"message":"unknown route","type":"not_found","code":null}}'
+PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+POEM = [{"role": "user", "content": "Write a long poem about the sea."}]
+COUNT = [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+    # What the server said before the model had loaded (None if it was already loaded).
+    health_while_loading: dict | None
+    chat_while_loading: httpx.Response | None
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_path):
+    data_dir = tmp_path_factory.mktemp("pantheon-data")
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
+        "PANTHEON_DATA_DIR": str(data_dir),
+        "PANTHEON_MODELS": f"{MODEL}={smollm2_path}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=REPO_ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    port = free_port()
+    log = data_dir / "daphne.log"
+    with log.open("wb") as log_file:  # a file, not a pipe: a full pipe would stall the server
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+            + ["pantheon_site.asgi:application"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    srv = Server(url, proc, log, None, None)
+    try:
+        _wait_until_loaded(srv)
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _wait_until_loaded(srv: Server) -> None:
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if srv.proc.poll() is not None:
+            pytest.fail(f"daphne exited with {srv.proc.returncode}:\n{srv.log_tail()}")
+        try:
+            health = httpx.get(srv.url + "/", timeout=5).json()
+        except httpx.TransportError:
+            time.sleep(0.2)
+            continue
+        state = health["models"].get(MODEL)
+        if state == "loaded":
+            return
+        if state == "failed":
+            pytest.fail(f"the model failed to load: {health}\n{srv.log_tail()}")
+        if srv.health_while_loading is None:
+            srv.health_while_loading = health
+            srv.chat_while_loading = httpx.post(
+                srv.url + "/v1/chat/completions", json={"messages": PARIS}, timeout=10
+            )
+        time.sleep(0.2)
+    pytest.fail(f"the model did not load within {LOAD_TIMEOUT_S} s:\n{srv.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def sdk(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def chat(server: Server, body, **kwargs) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(server.url + "/v1/chat/completions", content=content, timeout=120, **kwargs)
+
+
+def wait_until_free(server: Server, timeout: float = 15) -> httpx.Response:
+    """A one-token answer, retried while the single-user engine still reports busy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = chat(server, {"messages": [{"content": "Hi"}], "max_tokens": 1})
+        if response.status_code != 429 or time.monotonic() > deadline:
+            return response
+        time.sleep(0.2)
+
+
+# --- while loading, and once loaded ------------------------------------------------
+
+
+def test_it_answers_while_the_model_loads(server):
+    if server.health_while_loading is None:
+        pytest.skip("the model loaded before the first health check")
+    assert server.health_while_loading["status"] == "ok"
+    assert server.health_while_loading["models"] == {MODEL: "loading"}
+    response = server.chat_while_loading
+    assert response.status_code == 503
+    error = response.json()["error"]
+    assert error["type"] == "no_models_loaded" and "still loading" in error["message"]
+
+
+def test_health_reports_the_loaded_model(server):
+    response = httpx.get(server.url + "/")
+    assert response.status_code == 200
+    assert response.headers["access-control-allow-origin"] == "*"
+    body = response.json()
+    assert body["service"] == "pantheon" and body["status"] == "ok"
+    assert body["backend"] in {"cpu", "cuda"}
+    assert body["build"]
+    assert body["accelerator"] is False
+    assert body["models"] == {MODEL: "loaded"}
+
+
+def test_sdk_lists_the_model(sdk):
+    models = sdk.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].owned_by == "pantheon"
+    assert models.data[0].context_window == 8192  # extra field, kept by the SDK
+
+
+# --- the OpenAI SDK ----------------------------------------------------------------
+
+
+def test_sdk_non_streamed_answer(sdk):
+    completion = sdk.chat.completions.create(
+        model=MODEL, messages=PARIS, temperature=0, max_tokens=16
+    )
+    assert completion.choices[0].message.content == "The capital of France is Paris."
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.usage.completion_tokens == 7
+
+
+def test_sdk_streamed_answer_equals_non_streamed_and_arrives_token_by_token(sdk):
+    kwargs = {"model": MODEL, "messages": POEM, "temperature": 0, "max_tokens": 24}
+    expected = sdk.chat.completions.create(**kwargs).choices[0].message.content
+
+    started = time.monotonic()
+    arrivals: list[tuple[float, str]] = []
+    finish_reason = usage = None
+    stream = sdk.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                arrivals.append((time.monotonic() - started, choice.delta.content))
+            finish_reason = choice.finish_reason or finish_reason
+    ended = time.monotonic() - started
+
+    assert "".join(text for _, text in arrivals) == expected
+    assert finish_reason == "length"
+    assert usage is not None and usage.completion_tokens == 24
+    # Buffered whole, every chunk would land in the same instant at the end. Streamed,
+    # the first token arrives while the rest is still being generated.
+    first = arrivals[0][0]
+    assert len(arrivals) >= 10
+    assert ended - first > 0.25 * ended, (first, ended)
+
+
+# --- raw HTTP: errors and headers --------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+def test_unknown_route_is_the_exact_404(server, method):
+    response = httpx.request(method, server.url + "/v1/nothing-here")
+    assert response.status_code == 404
+    assert response.content == NOT_FOUND
+    assert response.headers["access-control-allow-origin"] == "*"
+
+
+def test_options_on_any_path(server):
+    for path in ("/", "/v1/chat/completions", "/no/such/route"):
+        response = httpx.options(server.url + path)
+        assert response.status_code == 200
+        assert response.json() == {}
+        assert response.headers["access-control-allow-origin"] == "*"
+
+
+@pytest.mark.parametrize(
+    "body,status,type_",
+    [
+        (b"", 400, "invalid_request_error"),
+        (b"{oops", 400, "invalid_request_error"),
+        (b"[]", 400, "invalid_request_error"),
+        (b"{}", 400, "invalid_request_error"),
+        (b'{"messages": []}', 400, "invalid_request_error"),
+        (b'{"messages": "hi"}', 400, "invalid_request_error"),
+        (b'{"messages": [{"content": "hi"}], "temperature": "hot"}', 400, "invalid_request_error"),
+        (b'{"messages": [{"content": "hi"}], "stream": "yes"}', 400, "invalid_request_error"),
+    ],
+)
+def test_chat_refusals_are_in_the_error_shape(server, body, status, type_):
+    response = chat(server, body)
+    assert response.status_code == status
+    assert response.headers["access-control-allow-origin"] == "*"
+    error = response.json()["error"]
+    assert error["type"] == type_ and error["code"] is None and error["message"]
+
+
+def test_wrong_method_is_405(server):
+    response = httpx.get(server.url + "/v1/chat/completions")
+    assert response.status_code == 405
+    assert response.json()["error"]["type"] == "method_not_allowed"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_over_the_window_is_422(server, stream):
+    giant = [{"role": "user", "content": "hello " * 9000}]
+    response = chat(server, {"messages": giant, "stream": stream})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["type"] == "context_over_budget"
+    assert "kv_cap=8192" in error["message"]
+    if stream:
+        assert error["kv_cap"] == 8192 and error["kv_used"] > 8192
+
+
+def test_streaming_headers(server):
+    body = {"messages": PARIS, "temperature": 0, "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "text/event-stream"
+        assert r.headers["cache-control"] == "no-cache"
+        assert r.headers["x-accel-buffering"] == "no"
+        assert r.headers["access-control-allow-origin"] == "*"
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+
+
+# --- concurrency and disconnects ---------------------------------------------------
+
+
+def test_busy_model_is_429_and_a_hung_up_stream_frees_it(server):
+    assert wait_until_free(server).status_code == 200
+    body = {"messages": COUNT, "temperature": 0, "max_tokens": 1000, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        contents = 0
+        while contents < 3:
+            contents += '"content"' in next(lines)
+        busy = chat(server, {"messages": PARIS, "max_tokens": 1})
+        assert busy.status_code == 429
+        assert busy.json()["error"]["type"] == "server_busy"
+    # The client hung up mid-stream (the `with` closed the connection). Without the abort
+    # the engine would stay busy for up to 1000 tokens; the next request gets through.
+    after = wait_until_free(server)
+    assert after.status_code == 200, after.text
+    assert server.proc.poll() is None
+
+
+def test_server_survives_a_client_that_vanishes(server):
+    # A raw socket that sends a streaming request, reads a little and closes hard.
+    host, port = server.url.removeprefix("http://").split(":")
+    payload = json.dumps({"messages": COUNT, "max_tokens": 1000, "stream": True}).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        assert sock.recv(4096).startswith(b"HTTP/1.1 ")
+    response = wait_until_free(server)
+    assert response.status_code == 200
+    assert httpx.get(server.url + "/").status_code == 200
