@@ -7,20 +7,15 @@ first) and killed at the end.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.e2e.daphne_server import Server, running_server
+
 MODEL = "smollm2-135m-instruct"
-LOAD_TIMEOUT_S = 120
 NOT_FOUND = b'{"error":{"message":"unknown route","type":"not_found","code":null}}'
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 POEM = [{"role": "user", "content": "Write a long poem about the sea."}]
@@ -29,89 +24,10 @@ COUNT = [{"role": "user", "content": "Count from 1 to 1000, separated by commas.
 pytestmark = pytest.mark.timeout(600)
 
 
-@dataclass
-class Server:
-    url: str
-    proc: subprocess.Popen
-    log: Path
-    # What the server said before the model had loaded (None if it was already loaded).
-    health_while_loading: dict | None
-    chat_while_loading: httpx.Response | None
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_path):
-    data_dir = tmp_path_factory.mktemp("pantheon-data")
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
-        "PANTHEON_DATA_DIR": str(data_dir),
-        "PANTHEON_MODELS": f"{MODEL}={smollm2_path}",
-        "PYTHONUNBUFFERED": "1",
-    }
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=REPO_ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-    )
-    port = free_port()
-    log = data_dir / "daphne.log"
-    with log.open("wb") as log_file:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-            + ["pantheon_site.asgi:application"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    srv = Server(url, proc, log, None, None)
-    try:
-        _wait_until_loaded(srv)
+    with running_server(tmp_path_factory.mktemp("pantheon-data"), {MODEL: smollm2_path}) as srv:
         yield srv
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def _wait_until_loaded(srv: Server) -> None:
-    deadline = time.monotonic() + LOAD_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if srv.proc.poll() is not None:
-            pytest.fail(f"daphne exited with {srv.proc.returncode}:\n{srv.log_tail()}")
-        try:
-            health = httpx.get(srv.url + "/", timeout=5).json()
-        except httpx.TransportError:
-            time.sleep(0.2)
-            continue
-        state = health["models"].get(MODEL)
-        if state == "loaded":
-            return
-        if state == "failed":
-            pytest.fail(f"the model failed to load: {health}\n{srv.log_tail()}")
-        if srv.health_while_loading is None:
-            srv.health_while_loading = health
-            srv.chat_while_loading = httpx.post(
-                srv.url + "/v1/chat/completions", json={"messages": PARIS}, timeout=10
-            )
-        time.sleep(0.2)
-    pytest.fail(f"the model did not load within {LOAD_TIMEOUT_S} s:\n{srv.log_tail()}")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,109 @@
+"""Start the real server for end-to-end tests: `daphne pantheon_site.asgi:application` in a
+subprocess, with its own data dir (migrated first) and the models the test names."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LOAD_TIMEOUT_S = 120
+PROBE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+    # What the server said before the models had loaded (None if they already were).
+    health_while_loading: dict | None = None
+    chat_while_loading: httpx.Response | None = None
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(data_dir: Path, models: dict[str, Path], **env_extra: str) -> Iterator[Server]:
+    """Yield a Server once every model in `models` is loaded; kill it afterwards."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
+        "PANTHEON_DATA_DIR": str(data_dir),
+        "PANTHEON_MODELS": ",".join(f"{name}={path}" for name, path in models.items()),
+        "PANTHEON_MODEL_DIRS": os.pathsep.join(
+            sorted({str(Path(p).parent) for p in models.values()})
+        ),
+        "PYTHONUNBUFFERED": "1",
+        **env_extra,
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=REPO_ROOT,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    port = free_port()
+    log = data_dir / "daphne.log"
+    with log.open("wb") as log_file:  # a file, not a pipe: a full pipe would stall the server
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+            + ["pantheon_site.asgi:application"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    srv = Server(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        _wait_until_loaded(srv, list(models))
+        yield srv
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _wait_until_loaded(srv: Server, names: list[str]) -> None:
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if srv.proc.poll() is not None:
+            pytest.fail(f"daphne exited with {srv.proc.returncode}:\n{srv.log_tail()}")
+        try:
+            health = httpx.get(srv.url + "/", timeout=5).json()
+        except httpx.TransportError:
+            time.sleep(0.2)
+            continue
+        states = [health["models"].get(name) for name in names]
+        if all(state == "loaded" for state in states):
+            return
+        if "failed" in states:
+            pytest.fail(f"a model failed to load: {health}\n{srv.log_tail()}")
+        if srv.health_while_loading is None:
+            srv.health_while_loading = health
+            srv.chat_while_loading = httpx.post(
+                srv.url + "/v1/chat/completions", json={"messages": PROBE}, timeout=10
+            )
+        time.sleep(0.2)
+    pytest.fail(f"the models did not load within {LOAD_TIMEOUT_S} s:\n{srv.log_tail()}")

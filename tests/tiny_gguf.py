@@ -1,0 +1,77 @@
+"""Write tiny random-weight llama GGUFs for tests (real files the engine loads for real).
+
+The vocabulary is byte-level: the 256 GPT-2 byte symbols plus ChatML's control tokens, so
+any text tokenizes (one token per byte) and the ChatML fallback template renders.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from inference.engine.tokenizer import bytes_to_unicode
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def write_tiny_llama(
+    path: Path,
+    *,
+    n_layer: int = 2,
+    d_model: int = 32,
+    n_head: int = 4,
+    n_kv_head: int = 2,
+    d_ff: int = 64,
+    context_length: int = 256,
+    seed: int = 0,
+    broken_ffn_down: bool = False,
+) -> Path:
+    """A llama GGUF with random float32 weights. `broken_ffn_down` gives ffn_down the wrong
+    input width: the file loads, and every forward pass fails (a real engine failure)."""
+    rng = np.random.default_rng(seed)
+    tokens = SPECIALS + [bytes_to_unicode()[b] for b in range(256)]
+    head_dim = d_model // n_head
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_block_count(n_layer)
+    w.add_context_length(context_length)
+    w.add_embedding_length(d_model)
+    w.add_feed_forward_length(d_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv_head)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(SPECIALS) + [1] * 256)
+    w.add_token_merges([])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+
+    w.add_tensor("token_embd.weight", weight(len(tokens), d_model))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(d_model, dtype=np.float32))
+        w.add_tensor(p + "attn_q.weight", weight(n_head * head_dim, d_model))
+        w.add_tensor(p + "attn_k.weight", weight(n_kv_head * head_dim, d_model))
+        w.add_tensor(p + "attn_v.weight", weight(n_kv_head * head_dim, d_model))
+        w.add_tensor(p + "attn_output.weight", weight(d_model, n_head * head_dim))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(d_model, dtype=np.float32))
+        w.add_tensor(p + "ffn_gate.weight", weight(d_ff, d_model))
+        w.add_tensor(p + "ffn_up.weight", weight(d_ff, d_model))
+        w.add_tensor(p + "ffn_down.weight", weight(d_model, d_ff + (1 if broken_ffn_down else 0)))
+    w.add_tensor("output_norm.weight", np.ones(d_model, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
