@@ -159,6 +159,16 @@ class ModelService:
             job.cancelled.set()
 
     @property
+    def in_flight(self) -> int:
+        """Generations admitted and not yet finished (an unload drains these first)."""
+        return 1 if self._busy.locked() else 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Host memory this instance holds: float32 weights plus its KV cache."""
+        return self.model.weight_bytes + self.kv.k.nbytes + self.kv.v.nbytes
+
+    @property
     def busy(self) -> bool:
         """A generation holds the model (an aborted one holds it until its next token)."""
         return self._busy.locked()
