@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 TOKEN_NORMAL = 1
 TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
+TOKEN_BYTE = 6  # SentencePiece byte-fallback pieces, spelled <0xAB>
+
+SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 
 # Texts that end a turn for the chat formats we know, beyond the model's own eos.
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>")
@@ -102,6 +105,33 @@ def _split_merge(merge: str) -> tuple[str, str]:
     return merge[:cut], merge[cut + 1 :]
 
 
+def _spm_token_bytes(text: str, token_type: int) -> bytes:
+    if token_type == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x"):
+        return bytes([int(text[3:5], 16)])
+    if token_type == TOKEN_CONTROL:
+        return text.encode("utf-8")
+    return text.replace(SPM_SPACE, " ").encode("utf-8")
+
+
+def _spm_merges(tokens: list[str], types: list[int], scores: list[float], vocab: dict[str, int]):
+    """BPE merges equivalent to SentencePiece's score-driven bigram merging.
+
+    llama.cpp's SPM tokenizer repeatedly joins the adjacent pair whose concatenation is the
+    highest-scoring vocabulary piece; a BPE whose merges are ranked by that score does the
+    same. Every split of a normal piece into two vocabulary pieces is a merge.
+    """
+    ranked = []
+    for i, (piece, kind) in enumerate(zip(tokens, types, strict=True)):
+        if kind != TOKEN_NORMAL or len(piece) < 2:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], vocab[left], vocab[right], left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
 def _token_bytes(text: str, token_type: int) -> bytes:
     if token_type in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
         return text.encode("utf-8")  # stored as plain text, not byte-level encoded
@@ -121,6 +151,9 @@ class Tokenizer:
         token_types: list[int] | None = None,
         *,
         pre: str = "gpt2",
+        model: str = "gpt2",
+        scores: list[float] | None = None,
+        add_space_prefix: bool = False,
         bos_id: int | None = None,
         eos_id: int | None = None,
         add_bos: bool = False,
@@ -139,17 +172,21 @@ class Tokenizer:
         self.add_eos = add_eos and eos_id is not None
         self._tokens = list(tokens)
         self._types = types
-        self._bytes = [_token_bytes(t, k) for t, k in zip(tokens, types, strict=True)]
 
         vocab: dict[str, int] = {}
         for i, t in enumerate(tokens):
             vocab.setdefault(t, i)  # first id wins where a vocab repeats a string
         self._ids = vocab
-        pairs = [_split_merge(m) for m in merges]
-        pre_tokenizer, ignore_merges = _make_pre_tokenizer(pre)
-        hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=ignore_merges))
-        hf.pre_tokenizer = pre_tokenizer
-        hf.decoder = decoders.ByteLevel()
+        if model == "llama":
+            self._bytes = [_spm_token_bytes(t, k) for t, k in zip(tokens, types, strict=True)]
+            hf = self._build_spm(tokens, types, scores, vocab, add_space_prefix)
+        else:
+            self._bytes = [_token_bytes(t, k) for t, k in zip(tokens, types, strict=True)]
+            pairs = [_split_merge(m) for m in merges]
+            pre_tokenizer, ignore_merges = _make_pre_tokenizer(pre)
+            hf = HFTokenizer(models.BPE(vocab, pairs, ignore_merges=ignore_merges))
+            hf.pre_tokenizer = pre_tokenizer
+            hf.decoder = decoders.ByteLevel()
         specials = [
             AddedToken(t, special=True, normalized=False)
             for t, k in zip(tokens, types, strict=True)
@@ -167,13 +204,34 @@ class Tokenizer:
         ends.update(vocab[t] for t in END_OF_TURN_TEXTS if t in vocab)
         self.end_of_turn_ids = frozenset(ends)
 
+    @staticmethod
+    def _build_spm(tokens, types, scores, vocab, add_space_prefix: bool) -> HFTokenizer:
+        """SentencePiece (`tokenizer.ggml.model == "llama"`): spaces become "▁", pieces merge
+        by score, and text no piece covers falls back to <0xAB> byte pieces."""
+        if scores is None:
+            raise ValueError("a SentencePiece vocabulary needs tokenizer.ggml.scores")
+        unk = next((t for t in ("<unk>",) if t in vocab), None)
+        bpe = models.BPE(
+            vocab,
+            _spm_merges(tokens, types, scores, vocab),
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+        hf = HFTokenizer(bpe)
+        steps = [normalizers.Prepend(SPM_SPACE)] if add_space_prefix else []
+        hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPM_SPACE)])
+        return hf
+
     @classmethod
     def from_gguf(cls, source: Any) -> Tokenizer:
         """Build from a `gguf.GGUFReader` or a mapping of GGUF metadata (plain values)."""
         meta = gguf_metadata(source)
         kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise NotImplementedError(f"tokenizer.ggml.model {kind!r} is not supported (gpt2 only)")
+        if kind not in ("gpt2", "llama"):
+            raise NotImplementedError(
+                f"tokenizer.ggml.model {kind!r} is not supported (gpt2 BPE and llama SentencePiece)"
+            )
 
         pre = str(meta.get("tokenizer.ggml.pre", "default"))
 
@@ -189,10 +247,17 @@ class Tokenizer:
             if "tokenizer.ggml.token_type" in meta
             else None,
             pre=pre,
+            model=kind,
+            scores=[float(x) for x in meta["tokenizer.ggml.scores"]]
+            if "tokenizer.ggml.scores" in meta
+            else None,
+            add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", kind == "llama")),
             bos_id=opt_id("tokenizer.ggml.bos_token_id"),
             eos_id=opt_id("tokenizer.ggml.eos_token_id"),
-            # Absent key: llama.cpp adds BOS for llama3-style vocabularies only.
-            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", pre in _LLAMA3_PROPER)),
+            # Absent key: llama.cpp adds BOS for SentencePiece and llama3-style vocabularies.
+            add_bos=bool(
+                meta.get("tokenizer.ggml.add_bos_token", kind == "llama" or pre in _LLAMA3_PROPER)
+            ),
             add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)),
             extra_end_ids=[i for i in extra_ends if i is not None],
         )
