@@ -205,6 +205,43 @@ def test_end_of_turn_ids_include_eos_and_known_turn_markers():
     assert tok.end_of_turn_ids == {5, n - 2, n - 1}
 
 
-def test_from_gguf_refuses_a_sentencepiece_vocab():
-    with pytest.raises(NotImplementedError, match="llama"):
-        Tokenizer.from_gguf({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
+def test_from_gguf_refuses_an_unknown_tokenizer_model():
+    with pytest.raises(NotImplementedError, match="'bert'"):
+        Tokenizer.from_gguf({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
+
+
+def tiny_spm(add_space_prefix: bool = True) -> Tokenizer:
+    pieces = [("<unk>", 3, 0.0), ("<s>", 3, 0.0), ("</s>", 3, 0.0)]
+    pieces += [(f"<0x{b:02X}>", 6, 0.0) for b in range(256)]
+    pieces += [("\u2581", 1, -1.0), ("a", 1, -2.0), ("b", 1, -2.0), ("c", 1, -2.0)]
+    pieces += [("ab", 1, -3.0), ("bc", 1, -0.5), ("\u2581a", 1, -4.0), ("\u2581ab", 1, -5.0)]
+    tokens, types, scores = (list(x) for x in zip(*pieces, strict=True))
+    return Tokenizer.from_gguf(
+        {
+            "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.add_space_prefix": add_space_prefix,
+        }
+    )
+
+
+def test_sentencepiece_merges_the_highest_scoring_pair_first():
+    tok = tiny_spm()
+    ids = tok.encode("abc")
+    # "bc" (-0.5) outranks "ab" (-3.0), so "▁abc" -> "▁a" + "bc", not "▁ab" + "c".
+    assert [tok.token_text(i) for i in ids] == ["\u2581a", "bc"]
+    assert tok.decode(ids) == " abc"  # the prefix space is part of the text, as in llama.cpp
+    assert tok.add_bos and tok.encode("abc", add_special=True)[0] == 1
+
+
+def test_sentencepiece_falls_back_to_byte_pieces():
+    tok = tiny_spm(add_space_prefix=False)
+    ids = tok.encode("aé")
+    assert [tok.token_text(i) for i in ids] == ["a", "<0xC3>", "<0xA9>"]
+    assert tok.decode(ids) == "aé"
+    detok = tok.detokenizer()
+    assert [detok.push(i) for i in ids] == ["a", "", "é"]
