@@ -10,6 +10,8 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
 
 from inference.engine.tokenizer import bytes_to_unicode
 
@@ -27,15 +29,27 @@ def write_tiny_llama(
     context_length: int = 256,
     seed: int = 0,
     broken_ffn_down: bool = False,
+    matrix_type: GGMLQuantizationType = GGMLQuantizationType.F32,
+    matrix_transform=None,
 ) -> Path:
-    """A llama GGUF with random float32 weights. `broken_ffn_down` gives ffn_down the wrong
-    input width: the file loads, and every forward pass fails (a real engine failure)."""
+    """A llama GGUF with random weights. Matrices are stored as `matrix_type` (quantised with
+    gguf.quants); `matrix_transform(array) -> array` rewrites each float matrix first.
+    `broken_ffn_down` gives ffn_down the wrong input width: the file loads, and every
+    forward pass fails (a real engine failure)."""
     rng = np.random.default_rng(seed)
     tokens = SPECIALS + [bytes_to_unicode()[b] for b in range(256)]
     head_dim = d_model // n_head
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    def add_matrix(name: str, array: np.ndarray) -> None:
+        if matrix_transform is not None:
+            array = matrix_transform(array)
+        if matrix_type == GGMLQuantizationType.F32:
+            w.add_tensor(name, array)
+        else:
+            w.add_tensor(name, quantize(array, matrix_type), raw_dtype=matrix_type)
 
     w = gguf.GGUFWriter(str(path), arch="llama")
     w.add_block_count(n_layer)
@@ -57,18 +71,18 @@ def write_tiny_llama(
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
 
-    w.add_tensor("token_embd.weight", weight(len(tokens), d_model))
+    add_matrix("token_embd.weight", weight(len(tokens), d_model))
     for i in range(n_layer):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(d_model, dtype=np.float32))
-        w.add_tensor(p + "attn_q.weight", weight(n_head * head_dim, d_model))
-        w.add_tensor(p + "attn_k.weight", weight(n_kv_head * head_dim, d_model))
-        w.add_tensor(p + "attn_v.weight", weight(n_kv_head * head_dim, d_model))
-        w.add_tensor(p + "attn_output.weight", weight(d_model, n_head * head_dim))
+        add_matrix(p + "attn_q.weight", weight(n_head * head_dim, d_model))
+        add_matrix(p + "attn_k.weight", weight(n_kv_head * head_dim, d_model))
+        add_matrix(p + "attn_v.weight", weight(n_kv_head * head_dim, d_model))
+        add_matrix(p + "attn_output.weight", weight(d_model, n_head * head_dim))
         w.add_tensor(p + "ffn_norm.weight", np.ones(d_model, dtype=np.float32))
-        w.add_tensor(p + "ffn_gate.weight", weight(d_ff, d_model))
-        w.add_tensor(p + "ffn_up.weight", weight(d_ff, d_model))
-        w.add_tensor(p + "ffn_down.weight", weight(d_model, d_ff + (1 if broken_ffn_down else 0)))
+        add_matrix(p + "ffn_gate.weight", weight(d_ff, d_model))
+        add_matrix(p + "ffn_up.weight", weight(d_ff, d_model))
+        add_matrix(p + "ffn_down.weight", weight(d_model, d_ff + (1 if broken_ffn_down else 0)))
     w.add_tensor("output_norm.weight", np.ones(d_model, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
