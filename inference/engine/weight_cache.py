@@ -1,0 +1,163 @@
+"""Prepared weights cached on disk, memory-mapped on the next load.
+
+Dequantising and fusing the weights takes seconds; reading them back from an .npy file is
+a memory map. One folder per (weights_version, architecture, layout version):
+
+    <cache_dir>/<weights_version>-<arch>-L<layout>/
+        manifest.json   {"format": 1, "tensors": {name: {"file", "shape", "dtype", "sha256"}}}
+        000.npy ...     one float32 array per prepared tensor
+
+A folder is written under a temporary name and renamed when complete, so a crash leaves
+no half-written cache. On load every file is checked against its manifest entry (shape,
+dtype and sha256); anything that does not match is rebuilt, never trusted. Folders are
+evicted least-recently-used first when the cache grows past its size cap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("pantheon.engine.weight_cache")
+
+FORMAT = 1
+_HASH_CHUNK = 16 << 20
+
+
+def _sha256_of(array: np.ndarray) -> str:
+    h = hashlib.sha256()
+    flat = array.reshape(-1).view(np.uint8)
+    for start in range(0, flat.size, _HASH_CHUNK):
+        h.update(flat[start : start + _HASH_CHUNK])
+    return h.hexdigest()
+
+
+class WeightCache:
+    """Get-or-build for one model's prepared tensors. Use as a context manager: the entries
+    built during `with` are published (atomically) when it exits without an error."""
+
+    def __init__(self, cache_dir: Path, key: str, max_bytes: int):
+        self.root = Path(cache_dir)
+        self.key = key
+        self.max_bytes = max_bytes
+        self.dir = self.root / key
+        self.hits = 0
+        self.misses = 0
+        self._manifest = self._read_manifest()
+        self._staging: Path | None = None
+        self._new_entries: dict[str, dict] = {}
+
+    @property
+    def used(self) -> bool:
+        """True when every tensor came from the cache."""
+        return self.hits > 0 and self.misses == 0
+
+    def _read_manifest(self) -> dict:
+        try:
+            manifest = json.loads((self.dir / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        if manifest.get("format") != FORMAT or not isinstance(manifest.get("tensors"), dict):
+            return {}
+        return manifest["tensors"]
+
+    def __enter__(self) -> WeightCache:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self.misses:
+            self._publish()
+        elif self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+
+    def get(self, name: str, build: Callable[[], np.ndarray]) -> np.ndarray:
+        cached = self._load(name)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        self.misses += 1
+        array = np.ascontiguousarray(build(), dtype=np.float32)
+        self._stage(name, array)
+        return array
+
+    def _load(self, name: str) -> np.ndarray | None:
+        entry = self._manifest.get(name)
+        if entry is None:
+            return None
+        try:
+            array = np.load(self.dir / entry["file"], mmap_mode="r")
+        except (OSError, ValueError, KeyError):
+            log.warning("weight cache %s: %s unreadable; rebuilding", self.key, name)
+            return None
+        if (
+            list(array.shape) != entry.get("shape")
+            or str(array.dtype) != entry.get("dtype")
+            or _sha256_of(np.asarray(array)) != entry.get("sha256")
+        ):
+            log.warning(
+                "weight cache %s: %s does not match its manifest; rebuilding", self.key, name
+            )
+            return None
+        return array
+
+    def _stage(self, name: str, array: np.ndarray) -> None:
+        if self._staging is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._staging = self.root / f".{self.key}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+            self._staging.mkdir()
+        file = f"{len(self._new_entries):03d}.npy"
+        np.save(self._staging / file, array)
+        self._new_entries[name] = {
+            "file": file,
+            "shape": list(array.shape),
+            "dtype": str(array.dtype),
+            "sha256": _sha256_of(array),
+        }
+
+    def _publish(self) -> None:
+        """Replace the folder with one holding exactly the entries built this time, plus the
+        still-valid ones (only reached when something had to be rebuilt)."""
+        assert self._staging is not None
+        for name, entry in self._manifest.items():
+            if name in self._new_entries:
+                continue
+            file = f"{len(self._new_entries):03d}.npy"
+            try:
+                shutil.copyfile(self.dir / entry["file"], self._staging / file)
+            except OSError:
+                continue
+            self._new_entries[name] = {**entry, "file": file}
+        manifest = {"format": FORMAT, "key": self.key, "tensors": self._new_entries}
+        (self._staging / "manifest.json").write_text(json.dumps(manifest))
+        if self.dir.exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        os.replace(self._staging, self.dir)
+        self._staging = None
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop least-recently-used folders (never this one) until the cache fits its cap."""
+        folders = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        sizes = {p: sum(f.stat().st_size for f in p.iterdir()) for p in folders}
+        total = sum(sizes.values())
+        for folder in sorted(folders, key=lambda p: p.stat().st_mtime):
+            if total <= self.max_bytes:
+                break
+            if folder == self.dir:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            total -= sizes[folder]
+            log.info("weight cache: evicted %s (%.0f MB)", folder.name, sizes[folder] / 1e6)
+
+    def touch(self) -> None:
+        """Mark this folder recently used (eviction is by mtime)."""
+        if self.dir.exists():
+            os.utime(self.dir)
