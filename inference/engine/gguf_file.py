@@ -1,10 +1,18 @@
-"""GGUF metadata and tensor index (gguf.GGUFReader), dequantisation and weights_version."""
+"""GGUF metadata and tensor index (gguf.GGUFReader), dequantisation and weights_version.
+
+Opening a GGUF with GGUFReader costs seconds on a large vocabulary (one numpy view per
+token string). The parsed header — metadata and tensor index — is plain data, so it can
+be cached by content (weights_version) and handed back: the reader is then only created
+when a tensor actually has to be read.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,30 +35,73 @@ class NotAGGUFFile(ModelLoadError):
     pass
 
 
-class GGUFFile:
-    """One opened GGUF file: metadata as plain Python values, tensors by name."""
+@dataclass(frozen=True)
+class TensorInfo:
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # GGUF order: ne[0] (the row length) first
 
-    def __init__(self, path: str | os.PathLike):
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape))
+
+
+class GGUFFile:
+    """One GGUF file: metadata as plain Python values, tensors by name.
+
+    `header` (from `header()` of an earlier open of the same bytes) skips the parse.
+    """
+
+    def __init__(self, path: str | os.PathLike, header: dict | None = None):
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileNotFound(f"model file not found: {self.path}")
         with open(self.path, "rb") as f:
             if f.read(4) != GGUF_MAGIC:
                 raise NotAGGUFFile(f"not a GGUF file (bad magic): {self.path}")
+        self._weights_version: str | None = None
+        if header is None:
+            self.reader  # noqa: B018  (parse now: a damaged file is refused at open)
+            self.metadata = self._read_metadata()
+            self.tensors = {
+                t.name: TensorInfo(t.tensor_type, tuple(int(n) for n in t.shape))
+                for t in self.reader.tensors
+            }
+        else:
+            self.metadata = header["metadata"]
+            self.tensors = {
+                name: TensorInfo(GGMLQuantizationType(kind), tuple(shape))
+                for name, (kind, shape) in header["tensors"].items()
+            }
+
+    @functools.cached_property
+    def reader(self) -> GGUFReader:
         try:
-            self.reader = GGUFReader(self.path, "r")
+            return GGUFReader(self.path, "r")
         except Exception as exc:  # the library raises ValueError/struct errors on bad files
             raise NotAGGUFFile(f"not a readable GGUF file: {self.path}: {exc}") from exc
-        self.metadata: dict[str, object] = {}
+
+    @functools.cached_property
+    def _reader_tensors(self) -> dict:
+        return {t.name: t for t in self.reader.tensors}
+
+    def _read_metadata(self) -> dict[str, object]:
+        metadata: dict[str, object] = {}
         for key, field in self.reader.fields.items():
             if key.startswith("GGUF."):
                 continue
             try:
-                self.metadata[key] = field.contents()
+                value = field.contents()
             except Exception:  # exotic field types we never read
                 continue
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        self._weights_version: str | None = None
+            metadata[key] = value
+        return metadata
+
+    def header(self) -> dict:
+        """Metadata and tensor index as JSON-able data (see `header=`)."""
+        return {
+            "metadata": self.metadata,
+            "tensors": {n: [int(t.tensor_type), list(t.shape)] for n, t in self.tensors.items()},
+        }
 
     @property
     def architecture(self) -> str:
@@ -68,7 +119,7 @@ class GGUFFile:
 
     def load_f32(self, name: str) -> np.ndarray:
         """Dequantise one tensor to float32, numpy layout (GGUF's ne reversed)."""
-        t = self.tensors[name]
+        t = self._reader_tensors[name]
         if t.tensor_type == GGMLQuantizationType.F32:
             arr = np.array(t.data, dtype=np.float32)
         else:
@@ -89,4 +140,4 @@ class GGUFFile:
 
     @property
     def n_params(self) -> int:
-        return int(sum(int(np.prod(t.shape)) for t in self.reader.tensors))
+        return sum(t.n_elements for t in self.tensors.values())

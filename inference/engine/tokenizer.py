@@ -132,6 +132,20 @@ def _spm_merges(tokens: list[str], types: list[int], scores: list[float], vocab:
     return [(left, right) for *_, left, right in ranked]
 
 
+def spm_merges_of(source: Any) -> list[list[str]]:
+    """The derived merges of a SentencePiece vocabulary, as JSON-able pairs ([] for BPE)."""
+    meta = gguf_metadata(source)
+    if meta.get("tokenizer.ggml.model") != "llama":
+        return []
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens))]
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    scores = [float(x) for x in meta.get("tokenizer.ggml.scores", [0.0] * len(tokens))]
+    return [list(pair) for pair in _spm_merges(tokens, types, scores, vocab)]
+
+
 def _token_bytes(text: str, token_type: int) -> bytes:
     if token_type in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
         return text.encode("utf-8")  # stored as plain text, not byte-level encoded
@@ -179,7 +193,9 @@ class Tokenizer:
         self._ids = vocab
         if model == "llama":
             self._bytes = [_spm_token_bytes(t, k) for t, k in zip(tokens, types, strict=True)]
-            hf = self._build_spm(tokens, types, scores, vocab, add_space_prefix)
+            # `merges` may carry precomputed SentencePiece merges (see spm_merges_of).
+            pairs = [tuple(m) for m in merges] or _spm_merges(tokens, types, scores or [], vocab)
+            hf = self._build_spm(pairs, scores, vocab, add_space_prefix)
         else:
             self._bytes = [_token_bytes(t, k) for t, k in zip(tokens, types, strict=True)]
             pairs = [_split_merge(m) for m in merges]
@@ -205,7 +221,7 @@ class Tokenizer:
         self.end_of_turn_ids = frozenset(ends)
 
     @staticmethod
-    def _build_spm(tokens, types, scores, vocab, add_space_prefix: bool) -> HFTokenizer:
+    def _build_spm(pairs, scores, vocab, add_space_prefix: bool) -> HFTokenizer:
         """SentencePiece (`tokenizer.ggml.model == "llama"`): spaces become "▁", pieces merge
         by score, and text no piece covers falls back to <0xAB> byte pieces."""
         if scores is None:
@@ -213,7 +229,7 @@ class Tokenizer:
         unk = next((t for t in ("<unk>",) if t in vocab), None)
         bpe = models.BPE(
             vocab,
-            _spm_merges(tokens, types, scores, vocab),
+            pairs,
             unk_token=unk,
             fuse_unk=True,
             byte_fallback=True,
@@ -224,8 +240,11 @@ class Tokenizer:
         return hf
 
     @classmethod
-    def from_gguf(cls, source: Any) -> Tokenizer:
-        """Build from a `gguf.GGUFReader` or a mapping of GGUF metadata (plain values)."""
+    def from_gguf(cls, source: Any, spm_merges: list | None = None) -> Tokenizer:
+        """Build from a `gguf.GGUFReader` or a mapping of GGUF metadata (plain values).
+
+        `spm_merges`: the result of `spm_merges_of` for the same vocabulary, cached, to skip
+        the seconds it takes to derive them for a large SentencePiece vocabulary."""
         meta = gguf_metadata(source)
         kind = meta.get("tokenizer.ggml.model")
         if kind not in ("gpt2", "llama"):
@@ -242,7 +261,7 @@ class Tokenizer:
         extra_ends = [opt_id(f"tokenizer.ggml.{k}") for k in ("eot_token_id", "eom_token_id")]
         return cls(
             list(meta["tokenizer.ggml.tokens"]),
-            list(meta.get("tokenizer.ggml.merges", ())),
+            list(meta.get("tokenizer.ggml.merges", ())) if kind == "gpt2" else spm_merges or [],
             [int(t) for t in meta["tokenizer.ggml.token_type"]]
             if "tokenizer.ggml.token_type" in meta
             else None,

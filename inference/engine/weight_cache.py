@@ -4,8 +4,10 @@ Dequantising and fusing the weights takes seconds; reading them back from an .np
 a memory map. One folder per (weights_version, architecture, layout version):
 
     <cache_dir>/<weights_version>-<arch>-L<layout>/
-        manifest.json   {"format": 1, "tensors": {name: {"file", "shape", "dtype", "sha256"}}}
+        manifest.json   {"format": 1, "tensors": {name: {"file", "shape", "dtype", "sha256"}},
+                         "documents": {name: {"file", "sha256"}}}
         000.npy ...     one float32 array per prepared tensor
+        d000.json ...   JSON documents: the parsed GGUF header, tokenizer merges ...
 
 A folder is written under a temporary name and renamed when complete, so a crash leaves
 no half-written cache. On load every file is checked against its manifest entry (shape,
@@ -28,7 +30,7 @@ import numpy as np
 
 log = logging.getLogger("pantheon.engine.weight_cache")
 
-FORMAT = 1
+FORMAT = 2
 _HASH_CHUNK = 16 << 20
 
 
@@ -51,23 +53,25 @@ class WeightCache:
         self.dir = self.root / key
         self.hits = 0
         self.misses = 0
-        self._manifest = self._read_manifest()
+        self._manifest, self._documents = self._read_manifest()
         self._staging: Path | None = None
         self._new_entries: dict[str, dict] = {}
+        self._new_documents: dict[str, dict] = {}
 
     @property
     def used(self) -> bool:
         """True when every tensor came from the cache."""
         return self.hits > 0 and self.misses == 0
 
-    def _read_manifest(self) -> dict:
+    def _read_manifest(self) -> tuple[dict, dict]:
         try:
             manifest = json.loads((self.dir / "manifest.json").read_text())
         except (OSError, ValueError):
-            return {}
-        if manifest.get("format") != FORMAT or not isinstance(manifest.get("tensors"), dict):
-            return {}
-        return manifest["tensors"]
+            return {}, {}
+        tensors, documents = manifest.get("tensors"), manifest.get("documents")
+        if manifest.get("format") != FORMAT or not isinstance(tensors, dict):
+            return {}, {}
+        return tensors, documents if isinstance(documents, dict) else {}
 
     def __enter__(self) -> WeightCache:
         return self
@@ -87,6 +91,27 @@ class WeightCache:
         array = np.ascontiguousarray(build(), dtype=np.float32)
         self._stage(name, array)
         return array
+
+    def get_json(self, name: str, build: Callable[[], object]) -> object:
+        """A JSON document (a dict or list) cached beside the tensors."""
+        entry = self._documents.get(name)
+        if entry is not None:
+            try:
+                raw = (self.dir / entry["file"]).read_bytes()
+                if hashlib.sha256(raw).hexdigest() == entry.get("sha256"):
+                    self.hits += 1
+                    return json.loads(raw)
+            except (OSError, ValueError, KeyError):
+                pass
+            log.warning("weight cache %s: document %s does not match; rebuilding", self.key, name)
+        self.misses += 1
+        value = build()
+        raw = json.dumps(value).encode()
+        file = f"d{len(self._new_documents):03d}.json"
+        self._ensure_staging()
+        (self._staging / file).write_bytes(raw)
+        self._new_documents[name] = {"file": file, "sha256": hashlib.sha256(raw).hexdigest()}
+        return value
 
     def _load(self, name: str) -> np.ndarray | None:
         entry = self._manifest.get(name)
@@ -108,11 +133,14 @@ class WeightCache:
             return None
         return array
 
-    def _stage(self, name: str, array: np.ndarray) -> None:
+    def _ensure_staging(self) -> None:
         if self._staging is None:
             self.root.mkdir(parents=True, exist_ok=True)
             self._staging = self.root / f".{self.key}.{os.getpid()}.{time.monotonic_ns()}.tmp"
             self._staging.mkdir()
+
+    def _stage(self, name: str, array: np.ndarray) -> None:
+        self._ensure_staging()
         file = f"{len(self._new_entries):03d}.npy"
         np.save(self._staging / file, array)
         self._new_entries[name] = {
@@ -135,7 +163,21 @@ class WeightCache:
             except OSError:
                 continue
             self._new_entries[name] = {**entry, "file": file}
-        manifest = {"format": FORMAT, "key": self.key, "tensors": self._new_entries}
+        for name, entry in self._documents.items():
+            if name in self._new_documents:
+                continue
+            file = f"d{len(self._new_documents):03d}.json"
+            try:
+                shutil.copyfile(self.dir / entry["file"], self._staging / file)
+            except OSError:
+                continue
+            self._new_documents[name] = {**entry, "file": file}
+        manifest = {
+            "format": FORMAT,
+            "key": self.key,
+            "tensors": self._new_entries,
+            "documents": self._new_documents,
+        }
         (self._staging / "manifest.json").write_text(json.dumps(manifest))
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)

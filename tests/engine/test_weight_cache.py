@@ -73,3 +73,17 @@ def test_the_least_recently_used_folder_is_evicted_over_the_cap(tmp_path):
     fill(tmp_path, key="old")
     fill(tmp_path, key="new", max_bytes=10)  # far below two folders' size
     assert [p.name for p in tmp_path.iterdir()] == ["new"]
+
+
+def test_json_documents_are_cached_and_checked(tmp_path):
+    doc = {"metadata": {"general.architecture": "llama"}, "tensors": {"t": [0, [2, 3]]}}
+    with WeightCache(tmp_path, "k", 1 << 30) as cache:
+        assert cache.get_json("header", lambda: doc) == doc
+    with WeightCache(tmp_path, "k", 1 << 30) as cache:
+        assert cache.get_json("header", lambda: pytest.fail("rebuilt")) == doc
+        assert cache.used
+    manifest = json.loads((tmp_path / "k" / "manifest.json").read_text())
+    (tmp_path / "k" / manifest["documents"]["header"]["file"]).write_text('{"tampered": 1}')
+    with WeightCache(tmp_path, "k", 1 << 30) as cache:
+        assert cache.get_json("header", lambda: doc) == doc
+        assert not cache.used

@@ -1,4 +1,4 @@
-"""Pieces every architecture file shares: tensor loading with progress, and attention."""
+"""Pieces every architecture file shares: prepared-tensor loading, and attention."""
 
 from __future__ import annotations
 
@@ -10,28 +10,69 @@ from kernels import numpy_backend as ops
 
 from ..gguf_file import GGUFFile
 from ..types import ModelLoadError
+from ..weight_cache import WeightCache
 
 
-def tensor_loader(
-    gf: GGUFFile, progress: Callable[[int, int], None] | None
-) -> Callable[..., np.ndarray | None]:
-    """`load(name, optional=False)`: one tensor as float32, reporting (done, total)."""
-    total = len(gf.tensors)
-    done = 0
+class TensorSource:
+    """Where an architecture gets its prepared float32 tensors: dequantised from the GGUF,
+    or memory-mapped from the weight cache when a valid entry exists. Fused matrices are
+    cached whole, so a cached load never dequantises anything."""
 
-    def load(name: str, optional: bool = False) -> np.ndarray | None:
-        nonlocal done
-        if not gf.has_tensor(name):
-            if optional:
-                return None
-            raise ModelLoadError(f"tensor {name!r} missing from {gf.path.name}")
-        array = gf.load_f32(name)
-        done += 1
-        if progress is not None:
-            progress(done, total)
+    def __init__(
+        self,
+        gf: GGUFFile,
+        progress: Callable[[int, int], None] | None = None,
+        cache: WeightCache | None = None,
+    ):
+        self.gf = gf
+        self.progress = progress
+        self.cache = cache
+        self.total = len(gf.tensors)
+        self.done = 0
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total)
+
+    def _read(self, name: str) -> np.ndarray:
+        if not self.gf.has_tensor(name):
+            raise ModelLoadError(f"tensor {name!r} missing from {self.gf.path.name}")
+        return self.gf.load_f32(name)
+
+    def _prepared(self, key: str, build: Callable[[], np.ndarray], n: int) -> np.ndarray:
+        array = build() if self.cache is None else self.cache.get(key, build)
+        self._advance(n)
         return array
 
-    return load
+    def get(self, name: str, optional: bool = False) -> np.ndarray | None:
+        """One tensor; None for a missing optional one."""
+        if optional and not self.gf.has_tensor(name):
+            return None
+        return self._prepared(name, lambda: self._read(name), 1)
+
+    def fused(self, names: list[str]) -> np.ndarray:
+        """Several (out, in) matrices stacked along `out`, e.g. q, k and v: one matmul."""
+        return self._prepared(
+            "+".join(names), lambda: np.concatenate([self._read(n) for n in names]), len(names)
+        )
+
+    def fused_bias(self, names: list[str], weights: list[str]) -> np.ndarray | None:
+        """Biases matching `fused(weights)`: zeros where one is absent, None when all are."""
+        present = [n for n in names if self.gf.has_tensor(n)]
+        if not present:
+            return None
+
+        def build() -> np.ndarray:
+            rows = [int(self.gf.tensors[w].shape[1]) for w in weights]  # GGUF ne[1] = out
+            return np.concatenate(
+                [
+                    self._read(n) if self.gf.has_tensor(n) else np.zeros(r, np.float32)
+                    for n, r in zip(names, rows, strict=True)
+                ]
+            )
+
+        return self._prepared("+".join(names), build, len(present))
 
 
 def attend(

@@ -10,7 +10,6 @@ Gemma 3 has no logit soft-capping (Gemma 2 had).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +18,8 @@ from kernels import numpy_backend as ops
 
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ._common import attend, tensor_loader
+from ..weight_cache import WeightCache
+from ._common import TensorSource, attend
 
 SWA_PATTERN = 6  # layer i is global when (i + 1) % 6 == 0, as llama.cpp sets for gemma3
 LOCAL_ROPE_BASE = 10000.0
@@ -78,9 +78,9 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 class Gemma3Model:
-    def __init__(self, gf: GGUFFile, progress: Callable[[int, int], None] | None = None):
+    def __init__(self, gf: GGUFFile, source: TensorSource):
         self.hp = hp = HParams.from_gguf(gf)
-        load = tensor_loader(gf, progress)
+        load = source.get
         self.tok_embd = load("token_embd.weight")  # (V, D)
         self.layers = []
         for i in range(hp.n_layer):
@@ -88,7 +88,7 @@ class Gemma3Model:
             self.layers.append(
                 Layer(
                     attn_norm=load(p + "attn_norm.weight"),
-                    attn_qkv=np.concatenate([load(p + f"attn_{x}.weight") for x in "qkv"]),
+                    attn_qkv=source.fused([p + f"attn_{x}.weight" for x in "qkv"]),
                     attn_q_norm=load(p + "attn_q_norm.weight"),
                     attn_k_norm=load(p + "attn_k_norm.weight"),
                     attn_output=load(p + "attn_output.weight"),
@@ -158,5 +158,8 @@ class Gemma3Model:
         return logits if all_logits else logits[0]
 
 
-def load(gf: GGUFFile, progress: Callable[[int, int], None] | None = None) -> Gemma3Model:
-    return Gemma3Model(gf, progress)
+LAYOUT_VERSION = 1  # bump when the prepared tensors change shape or meaning
+
+
+def load(gf: GGUFFile, progress=None, cache: WeightCache | None = None) -> Gemma3Model:
+    return Gemma3Model(gf, TensorSource(gf, progress, cache))

@@ -6,7 +6,6 @@ per-head RMSNorm of queries and keys before RoPE. Each is optional here, read fr
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +14,8 @@ from kernels import numpy_backend as ops
 
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ._common import attend, tensor_loader
+from ..weight_cache import WeightCache
+from ._common import TensorSource, attend
 from .llama import HParams
 
 
@@ -23,7 +23,7 @@ from .llama import HParams
 class Layer:
     attn_norm: np.ndarray  # (D,)
     attn_qkv: np.ndarray  # (Dq + 2 Dkv, D)
-    attn_qkv_bias: np.ndarray  # (Dq + 2 Dkv,)
+    attn_qkv_bias: np.ndarray | None  # (Dq + 2 Dkv,); None without biases (qwen3)
     attn_output: np.ndarray  # (D, Dq)
     ffn_norm: np.ndarray
     ffn_gate_up: np.ndarray  # (2 F, D)
@@ -33,24 +33,21 @@ class Layer:
 
 
 class Qwen2Model:
-    def __init__(self, gf: GGUFFile, progress: Callable[[int, int], None] | None = None):
+    def __init__(self, gf: GGUFFile, source: TensorSource):
         self.hp = hp = HParams.from_gguf(gf)
-        load = tensor_loader(gf, progress)
+        load = source.get
         self.tok_embd = load("token_embd.weight")
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
-            qkv = [load(p + f"attn_{x}.weight") for x in "qkv"]
-            bias = [load(p + f"attn_{x}.bias", optional=True) for x in "qkv"]
-            bias = [
-                b if b is not None else np.zeros(w.shape[0], np.float32)
-                for b, w in zip(bias, qkv, strict=True)
-            ]
+            names = [p + f"attn_{x}.weight" for x in "qkv"]
+            qkv = source.fused(names)
+            bias = source.fused_bias([n.replace(".weight", ".bias") for n in names], names)
             self.layers.append(
                 Layer(
                     attn_norm=load(p + "attn_norm.weight"),
-                    attn_qkv=np.concatenate(qkv),
-                    attn_qkv_bias=np.concatenate(bias),
+                    attn_qkv=qkv,
+                    attn_qkv_bias=bias,
                     attn_output=load(p + "attn_output.weight"),
                     ffn_norm=load(p + "ffn_norm.weight"),
                     ffn_gate_up=np.concatenate(
@@ -91,7 +88,9 @@ class Qwen2Model:
         x = self.tok_embd[tokens]  # (T, D)
         for li, layer in enumerate(self.layers):
             h = ops.rms_norm(x, layer.attn_norm, hp.eps)
-            qkv = h @ layer.attn_qkv.T + layer.attn_qkv_bias
+            qkv = h @ layer.attn_qkv.T
+            if layer.attn_qkv_bias is not None:
+                qkv += layer.attn_qkv_bias
             q = qkv[:, :Dq].reshape(T, H, Dh)
             k = qkv[:, Dq : Dq + Dkv].reshape(T, Hkv, Dh)
             if layer.attn_q_norm is not None:
@@ -113,5 +112,8 @@ class Qwen2Model:
         return logits if all_logits else logits[0]
 
 
-def load(gf: GGUFFile, progress: Callable[[int, int], None] | None = None) -> Qwen2Model:
-    return Qwen2Model(gf, progress)
+LAYOUT_VERSION = 1  # bump when the prepared tensors change shape or meaning
+
+
+def load(gf: GGUFFile, progress=None, cache: WeightCache | None = None) -> Qwen2Model:
+    return Qwen2Model(gf, TensorSource(gf, progress, cache))
