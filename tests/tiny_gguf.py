@@ -6,11 +6,12 @@ any text tokenizes (one token per byte) and the ChatML fallback template renders
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import gguf
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quantize
 
 from inference.engine.tokenizer import bytes_to_unicode
@@ -31,9 +32,12 @@ def write_tiny_llama(
     broken_ffn_down: bool = False,
     matrix_type: GGMLQuantizationType = GGMLQuantizationType.F32,
     matrix_transform=None,
+    raw_blocks: bool = False,
 ) -> Path:
     """A llama GGUF with random weights. Matrices are stored as `matrix_type` (quantised with
     gguf.quants); `matrix_transform(array) -> array` rewrites each float matrix first.
+    `raw_blocks` stores random (valid, finite) blocks of `matrix_type` instead, for the types
+    gguf.quants can read but not write; `matrix_transform(array, name)` then sees nothing.
     `broken_ffn_down` gives ffn_down the wrong input width: the file loads, and every
     forward pass fails (a real engine failure)."""
     rng = np.random.default_rng(seed)
@@ -44,8 +48,11 @@ def write_tiny_llama(
         return (rng.standard_normal(shape) * 0.2).astype(np.float32)
 
     def add_matrix(name: str, array: np.ndarray) -> None:
+        if raw_blocks:
+            w.add_tensor(name, random_blocks(name, array.shape, matrix_type), raw_dtype=matrix_type)
+            return
         if matrix_transform is not None:
-            array = matrix_transform(array)
+            array = matrix_transform(array, name)
         if matrix_type == GGMLQuantizationType.F32:
             w.add_tensor(name, array)
         else:
@@ -89,3 +96,12 @@ def write_tiny_llama(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def random_blocks(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -> np.ndarray:
+    """Deterministic random bytes forming `shape` in `qtype`. Bytes stay below 0x3C so every
+    float16 scale inside a block is finite."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    rows, cols = shape
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    return rng.integers(0, 0x3C, size=(rows, cols // block * type_size), dtype=np.uint8)

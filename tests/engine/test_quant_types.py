@@ -14,10 +14,9 @@ from gguf.quants import dequantize, quantize
 
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.models import architecture_module
-from tests.tiny_gguf import write_tiny_llama
+from tests.tiny_gguf import random_blocks, write_tiny_llama
 
-# Types the library can quantise (K- and IQ-quants it can only dequantise: the real
-# gemma3 Q4_K_M file covers those), with the worst absolute error expected for N(0, 0.2²)
+# Types the library can quantise, with the worst absolute error expected for N(0, 0.2²)
 # weights.
 WRITABLE = {
     Q.F16: 2e-3,
@@ -52,7 +51,7 @@ def test_a_quantised_model_computes_what_its_dequantised_weights_say(tmp_path, q
         assert err <= WRITABLE[qtype], f"{name}: max error {err}"
 
     # The F32 twin holds exactly the dequantised values.
-    def roundtrip(a):
+    def roundtrip(a, name):
         return dequantize(quantize(a, qtype), qtype).astype(np.float32).reshape(a.shape)
 
     _, twin = load(write_tiny_llama(tmp_path / "t.gguf", matrix_transform=roundtrip, **SHAPE))
@@ -61,3 +60,30 @@ def test_a_quantised_model_computes_what_its_dequantised_weights_say(tmp_path, q
     ref = twin.forward(tokens, 0, twin.make_kv_cache(1, 16), 0, all_logits=True)
     assert np.isfinite(ours).all()
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+# Types the library can read but not write: random valid blocks instead of quantised
+# weights (the real gemma3 Q4_K_M file covers Q4_K and Q6_K with real data).
+READ_ONLY = [
+    Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS,
+    Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS, Q.NVFP4,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("qtype", READ_ONLY, ids=lambda t: t.name)
+def test_a_dequantise_only_type_computes_what_its_blocks_say(tmp_path, qtype):
+    _, model = load(
+        write_tiny_llama(tmp_path / "q.gguf", matrix_type=qtype, raw_blocks=True, **SHAPE)
+    )
+
+    def blocks_as_floats(a, name):
+        return dequantize(random_blocks(name, a.shape, qtype), qtype).astype(np.float32)
+
+    _, twin = load(
+        write_tiny_llama(tmp_path / "t.gguf", matrix_transform=blocks_as_floats, **SHAPE)
+    )
+    tokens = np.array([1, 40, 41, 42, 2, 43])
+    ours = model.forward(tokens, 0, model.make_kv_cache(1, 16), 0, all_logits=True)
+    ref = twin.forward(tokens, 0, twin.make_kv_cache(1, 16), 0, all_logits=True)
+    assert np.isfinite(ours).all()
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-4)
