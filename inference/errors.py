@@ -15,7 +15,13 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from inference.engine.types import ContextOverBudget, GenerationFailed, ServerBusy
+from inference.engine.types import (
+    ContextOverBudget,
+    GenerationFailed,
+    ServerBusy,
+    ServerMemoryConstrained,
+    ServerShuttingDown,
+)
 from inference.runtime import ModelNotFound, NoModelsLoaded
 
 log = logging.getLogger("pantheon.http")
@@ -73,6 +79,20 @@ def server_error() -> ApiError:
     return ApiError(500, "internal server error", "server_error")
 
 
+def shutting_down(message: str = "") -> ApiError:
+    """503 while the server drains for shutdown; `Retry-After: 1` (the contract)."""
+    return ApiError(
+        503,
+        message or "the server is shutting down; retry shortly (elsewhere)",
+        "server_shutting_down",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _retry_after(seconds: int | None) -> dict[str, str]:
+    return {"Retry-After": str(max(1, int(seconds)))} if seconds is not None else {}
+
+
 def api_error_from(exc: Exception, *, stream: bool = False) -> ApiError:
     """The contract's status and type for an exception out of the runtime or the engine.
 
@@ -89,8 +109,15 @@ def api_error_from(exc: Exception, *, stream: bool = False) -> ApiError:
         extra = {"kv_used": exc.prompt_tokens, "kv_cap": exc.kv_cap} if stream else None
         return ApiError(422, str(exc), "context_over_budget", extra=extra)
     if isinstance(exc, ServerBusy):
-        message = str(exc) or "a generation is already running on this model; retry later"
-        return ApiError(429, message, "server_busy")
+        message = str(exc) or "every slot is busy and the queue is full; retry later"
+        return ApiError(429, message, "server_busy", headers=_retry_after(exc.retry_after))
+    if isinstance(exc, ServerMemoryConstrained):
+        message = str(exc) or "memory pressure: the server cannot take this prompt now"
+        return ApiError(
+            503, message, "server_memory_constrained", headers=_retry_after(exc.retry_after)
+        )
+    if isinstance(exc, ServerShuttingDown):
+        return shutting_down(str(exc))
     if isinstance(exc, NoModelsLoaded):
         return ApiError(503, str(exc), "no_models_loaded")
     if isinstance(exc, ModelNotFound):

@@ -36,7 +36,7 @@ class CorsMiddleware:
         if request.method != "OPTIONS":
             return None
         response = HttpResponse(b"{}", content_type="application/json")
-        response["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+        response["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
         # Echo what the browser asks for (Content-Type, Authorization, X-Session-Id ...).
         requested = request.headers.get("Access-Control-Request-Headers")
         response["Access-Control-Allow-Headers"] = requested or "*"

@@ -16,6 +16,7 @@ from inference.engine.types import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
+    MAX_CHOICES,
     MAX_TOKENS_CLAMP,
     NONPOSITIVE_MAX_TOKENS,
     SamplingParams,
@@ -87,6 +88,7 @@ class ChatCompletionRequest(serializers.Serializer):
     max_completion_tokens = StrictIntegerField(required=False, allow_null=True)
     stop = StopField(required=False, allow_null=True)
     seed = StrictIntegerField(required=False, allow_null=True)
+    n = StrictIntegerField(required=False, allow_null=True, min_value=1)
     stream = StrictBooleanField(required=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
 
@@ -102,6 +104,15 @@ class ChatCompletionRequest(serializers.Serializer):
             stop=data.get("stop") or (),
             seed=data.get("seed"),
         )
+
+    @property
+    def n_requested(self) -> int:
+        return _given(self.validated_data, "n", 1)
+
+    @property
+    def n_choices(self) -> int:
+        """Choices to generate: `n`, capped at 8 (the contract; n_status says so)."""
+        return min(self.n_requested, MAX_CHOICES)
 
     # Not named `stream`: a property would shadow the declared field of that name.
     @property

@@ -12,12 +12,14 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import kernels
+from inference import shutdown
 from inference.engine.chat_template import ChatTemplateError
 from inference.engine.types import (
     ContextOverBudget,
@@ -27,9 +29,16 @@ from inference.engine.types import (
     TokenEvent,
     Usage,
 )
-from inference.errors import api_error_from, invalid_request, json_response, method_not_allowed
+from inference.errors import (
+    api_error_from,
+    invalid_request,
+    json_response,
+    method_not_allowed,
+    not_found,
+    shutting_down,
+)
 from inference.runtime import FAILED, build_id, runtime
-from inference.serializers import validated_chat_request
+from inference.serializers import parse_json_object, validated_chat_request
 from inference.sse import DONE, EventStreamResponse, sse_data
 
 log = logging.getLogger("pantheon.http")
@@ -86,6 +95,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
     """Async, so that a generation waits on the engine without holding a worker thread."""
     if request.method != "POST":
         return method_not_allowed(request.method or "", ["POST", "OPTIONS"]).response()
+    if shutdown.draining():
+        return shutting_down().response()
     stream = False
     try:
         chat = validated_chat_request(request.body)
@@ -98,12 +109,17 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         except ChatTemplateError as exc:  # the template refused this conversation
             raise invalid_request(f"cannot render the chat template: {exc}") from None
         completion = _Completion(
-            id=f"chatcmpl-{secrets.token_hex(12)}", created=int(time.time()), model=name
+            id=f"chatcmpl-{secrets.token_hex(12)}",
+            created=int(time.time()),
+            model=name,
+            n_requested=chat.n_requested,
+            n=chat.n_choices,
         )
         gen_request = GenerationRequest(
             request_id=completion.id,
             prompt_ids=tuple(prompt_ids),
             params=chat.sampling_params(),
+            n=chat.n_choices,
         )
         if stream:
             return await _stream(svc.generate(gen_request), completion, chat.wants_usage)
@@ -121,19 +137,32 @@ class _Completion:
     id: str
     created: int
     model: str
+    n_requested: int = 1
+    n: int = 1  # choices asked of the engine (n_requested capped at 8)
 
-    def chunk(self, delta: dict, finish_reason: str | None = None) -> bytes:
+    def n_status(self, choices: int) -> str | None:
+        """Why fewer choices came back than `n` asked for (the contract's n_status)."""
+        if choices < self.n:
+            return "partial_slot_unavailable"
+        if self.n < self.n_requested:
+            return "capped_to_8"
+        return None
+
+    def chunk(
+        self, delta: dict, finish_reason: str | None = None, index: int = 0, **top: object
+    ) -> bytes:
         return sse_data(
             {
                 "id": self.id,
                 "object": "chat.completion.chunk",
                 "created": self.created,
                 "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
+                **top,
             }
         )
 
-    def usage_chunk(self, usage: Usage) -> bytes:
+    def usage_chunk(self, usage: dict) -> bytes:
         return sse_data(
             {
                 "id": self.id,
@@ -141,7 +170,7 @@ class _Completion:
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
-                "usage": usage_json(usage),
+                "usage": usage,
             }
         )
 
@@ -157,42 +186,61 @@ def usage_json(usage: Usage) -> dict:
     }
 
 
+def request_usage(finishes: dict[int, FinishEvent]) -> dict:
+    """The whole request's usage: the prompt counted once, completions summed over the
+    choices; kv_used is the first choice's (the one a session would keep)."""
+    first = finishes[min(finishes)].usage
+    return usage_json(
+        Usage(
+            prompt_tokens=first.prompt_tokens,
+            completion_tokens=sum(f.usage.completion_tokens for f in finishes.values()),
+            cached_tokens=first.cached_tokens,
+            kv_used=first.kv_used,
+            kv_cap=max(f.usage.kv_cap for f in finishes.values()),
+        )
+    )
+
+
 async def _complete(events: AsyncGenerator, completion: _Completion) -> JsonResponse:
-    parts: list[str] = []
-    finish: FinishEvent | None = None
+    parts: dict[int, list[str]] = {}
+    finishes: dict[int, FinishEvent] = {}
     # aclosing: if this view is cancelled (client gone), the engine stream is closed
-    # and the generation stops.
+    # and the generation stops (or the request leaves the queue).
     async with aclosing(events):
         async for event in events:
             if isinstance(event, FinishEvent):
-                finish = event
-                break
-            parts.append(event.text)
-    if finish is None:
+                finishes[event.index] = event
+            else:
+                parts.setdefault(event.index, []).append(event.text)
+    if not finishes:
         raise GenerationFailed("the engine stream ended without a finish event")
-    return json_response(
-        {
-            "id": completion.id,
-            "object": "chat.completion",
-            "created": completion.created,
-            "model": completion.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(parts)},
-                    "finish_reason": finish.finish_reason,
-                }
-            ],
-            "usage": usage_json(finish.usage),
-        }
-    )
+    body = {
+        "id": completion.id,
+        "object": "chat.completion",
+        "created": completion.created,
+        "model": completion.model,
+        "choices": [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": "".join(parts.get(index, ()))},
+                "finish_reason": finishes[index].finish_reason,
+            }
+            for index in sorted(finishes)
+        ],
+        "usage": request_usage(finishes),
+    }
+    n_status = completion.n_status(len(finishes))
+    if n_status:
+        body["n_status"] = n_status
+    return json_response(body)
 
 
 async def _stream(
     events: AsyncGenerator, completion: _Completion, include_usage: bool
 ) -> HttpResponse:
     # Wait for the first event before answering: refusals the engine can know up front
-    # (context_over_budget, server_busy) then still get their real status code.
+    # (context_over_budget, server_busy after a queue wait, memory) then still get their
+    # real status code.
     try:
         first = await anext(events, None)
     except BaseException:
@@ -209,29 +257,97 @@ async def _sse_events(
     completion: _Completion,
     include_usage: bool,
 ) -> AsyncGenerator[bytes, None]:
-    finish: FinishEvent | None = None
+    """Each choice: its role chunk, its content chunks, its closing chunk; with n > 1 the
+    choices' chunks interleave as they are produced, told apart by `index`."""
+    opened: set[int] = set()
+    finishes: dict[int, FinishEvent] = {}
+    choices = first.choices if isinstance(first, FinishEvent) else completion.n
     try:
-        yield completion.chunk({"role": "assistant"})
         event: TokenEvent | FinishEvent | None = first
-        while isinstance(event, TokenEvent):
-            if event.text:
-                yield completion.chunk({"content": event.text})
+        while event is not None:
+            if event.index not in opened:
+                opened.add(event.index)
+                yield completion.chunk({"role": "assistant"}, index=event.index)
+            if isinstance(event, FinishEvent):
+                finishes[event.index] = event
+                choices = event.choices
+                yield _closing_chunk(completion, event.index, event.finish_reason, choices)
+            elif event.text:
+                yield completion.chunk({"content": event.text}, index=event.index)
             event = await anext(events, None)
-        finish = event
-        if finish is None:
-            log.error("generation %s: engine stream ended without a finish event", completion.id)
     except ContextOverBudget as exc:
         # The status line is gone; the contract's terminal error event ends the stream.
         yield sse_data(api_error_from(exc, stream=True).body())
         return
     except Exception:
-        # Other failures close the choice normally (the contract); the log has the why.
+        # Other failures close the choices normally (the contract); the log has the why.
         log.exception("generation %s failed after the stream opened", completion.id)
     finally:
         # Runs on normal end, on failure, and when the client disconnects (the handler
         # closes or cancels this generator): the engine stops generating.
         await events.aclose()
-    yield completion.chunk({}, finish.finish_reason if finish else "stop")
-    if include_usage and finish is not None:
-        yield completion.usage_chunk(finish.usage)
+    for index in range(choices):
+        if index not in finishes:
+            if index not in opened:
+                yield completion.chunk({"role": "assistant"}, index=index)
+            yield _closing_chunk(completion, index, "stop", choices)
+    if include_usage and finishes:
+        yield completion.usage_chunk(request_usage(finishes))
     yield DONE
+
+
+def _closing_chunk(completion: _Completion, index: int, reason: str, choices: int) -> bytes:
+    n_status = completion.n_status(choices)
+    top = {"n_status": n_status} if n_status else {}
+    return completion.chunk({}, reason, index=index, **top)
+
+
+# --- POST /admin/debug/simulate-memory-pressure --------------------------------------
+
+PRESSURE_LEVELS = {name: i for i, name in enumerate(("normal", "elevated", "high", "critical"))}
+
+
+@csrf_exempt
+def simulate_memory_pressure(request: HttpRequest) -> HttpResponse:
+    """Operator test hook (PANTHEON_DEBUG_ROUTES=1, else the JSON 404): pin a model's
+    memory-pressure ladder at a level, or `null` to follow real free memory again.
+
+    Body: {"model": name (optional with one model), "level": "normal" | "elevated" |
+    "high" | "critical" | 0..3 | null}. Answers the served numbers after the move.
+    """
+    if not getattr(settings, "PANTHEON_DEBUG_ROUTES", False):
+        return not_found(request)
+    if request.method != "POST":
+        return method_not_allowed(request.method or "", ["POST", "OPTIONS"]).response()
+    try:
+        body = parse_json_object(request.body)
+        level = body.get("level")
+        if isinstance(level, str) and level in PRESSURE_LEVELS:
+            level = PRESSURE_LEVELS[level]
+        if level is not None and (
+            isinstance(level, bool) or not isinstance(level, int) or level not in range(4)
+        ):
+            raise invalid_request(
+                "level: expected one of normal, elevated, high, critical, 0..3 or null"
+            )
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise invalid_request("model: expected a string")
+        name, svc = runtime.resolve(model)
+        svc.simulate_memory_pressure(level)
+    except Exception as exc:
+        error = api_error_from(exc)
+        if error.status == 500:
+            log.error("simulate-memory-pressure failed", exc_info=exc)
+        return error.response()
+    return json_response(
+        {
+            "model": name,
+            "memory_pressure": svc.memory_pressure,
+            "simulated": level is not None,
+            "max_concurrent": svc.max_concurrent,
+            "max_concurrent_configured": svc.max_concurrent_configured,
+            "context_window": svc.context_window,
+            "context_window_configured": svc.context_window_configured,
+        }
+    )

@@ -52,3 +52,33 @@ def softmax_inplace(x: np.ndarray) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+# Weight bytes per GEMV call in `linear_rows`: small enough that a chunk stays in the
+# last-level cache while every row of the batch reads it (32 MiB L3 on the machine this
+# was measured on), large enough that the per-call overhead stays small.
+ROW_CHUNK_BYTES = 8 << 20
+
+
+def row_chunks(w: np.ndarray) -> list[tuple[int, int]]:
+    """Fixed [begin, end) ranges of w's rows for `linear_rows` (multiples of 64 rows)."""
+    n, k = w.shape
+    rows = max(64, ROW_CHUNK_BYTES // (k * w.itemsize) // 64 * 64)
+    return [(i, min(n, i + rows)) for i in range(0, n, rows)]
+
+
+def linear_rows(x: np.ndarray, w: np.ndarray, chunks: list[tuple[int, int]]) -> np.ndarray:
+    """x (B, K) @ w.T (w: (N, K)) computed row by row: batch invariant by construction.
+
+    Each row of x is one GEMV per fixed chunk of w's rows, so row b's result is the same
+    bits whatever the other rows are and however many there are (a (B, K) GEMM is not:
+    BLAS picks kernels and blocking by shape, and a single row goes through GEMV). The
+    chunk is read from memory once and from cache for the other rows, so B rows cost
+    far less than B separate passes (bench/RESULTS.md).
+    """
+    B = x.shape[0]
+    out = np.empty((B, 1, w.shape[0]), dtype=np.float32)
+    rows = x[:, None, :]  # (B, 1, K): a stack of row vectors, one GEMV each
+    for begin, end in chunks:
+        np.matmul(rows, w[begin:end].T, out=out[:, :, begin:end])
+    return out[:, 0]

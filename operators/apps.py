@@ -2,7 +2,9 @@ from django.apps import AppConfig
 
 
 class OperatorsConfig(AppConfig):
-    """Operator routes under /admin/... and the Django admin console (not yet written)."""
+    """Operator routes under /admin/..., the registry's database store and the Django
+    admin console (/console/). Loads nothing at import or in ready(): pantheon_site.asgi
+    starts the loader, so `migrate` and other commands never load a model."""
 
     name = "operators"
     default_auto_field = "django.db.models.BigAutoField"

@@ -1,1 +1,52 @@
-# No models yet.
+"""What the operator registry keeps across restarts: each model's configuration and
+whether it should be loaded, and the aliases. Written by operators.store, read at start."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ModelConfig(models.Model):
+    """One served name: the load options it was (or will be) loaded with."""
+
+    name = models.CharField(max_length=200, unique=True, help_text="The served id.")
+    path = models.CharField(max_length=4096, help_text="The GGUF file, inside a model folder.")
+    ctx_cap = models.PositiveIntegerField(
+        default=0, help_text="Per-session context cap in tokens (0: the engine default)."
+    )
+    max_sessions = models.PositiveIntegerField(default=4)
+    max_concurrent = models.PositiveIntegerField(default=0, help_text="0: max_sessions.")
+    reasoning_budget = models.PositiveIntegerField(default=0, help_text="0: unbounded.")
+    dies = models.JSONField(default=list, blank=True)
+    quantize = models.BooleanField(default=False)
+    pinned = models.BooleanField(default=False, help_text="Never evicted to make room.")
+    should_load = models.BooleanField(
+        default=False, help_text="Loaded when the server stops, so loaded again at start."
+    )
+    last_error = models.TextField(blank=True, help_text="Why the last load failed.")
+    loaded_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        # Start-up loads in this order: the way they were loaded before.
+        ordering = ["loaded_at", "id"]
+        verbose_name = "model config"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Alias(models.Model):
+    """Another name a request may use for a model (or for another alias)."""
+
+    alias = models.CharField(max_length=200, unique=True)
+    target = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["alias"]
+        verbose_name_plural = "aliases"
+
+    def __str__(self) -> str:
+        return f"{self.alias} -> {self.target}"

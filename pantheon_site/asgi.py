@@ -3,6 +3,8 @@
 Model loading starts here, after django.setup(), in a background thread: not in
 AppConfig.ready() (which also runs for `migrate` and every management command) and not
 on ASGI lifespan events (which Daphne does not send). GET / answers while weights load.
+The loader reads the database (operators.store): the models that were loaded when the
+server stopped, or, in an empty database, PANTHEON_MODELS.
 """
 
 import os
@@ -14,11 +16,20 @@ import django  # noqa: E402
 django.setup()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 from inference.runtime import runtime  # noqa: E402
+from operators.store import DatabaseStore  # noqa: E402
 
 django_asgi_app = get_asgi_application()
+runtime.use_store(DatabaseStore())
 runtime.start_loading()
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+# The console's CSS and JavaScript (/static/...), straight from the installed apps: no
+# collectstatic step and no second web server for a handful of admin files.
+application = ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})
+
+from inference import shutdown  # noqa: E402
+
+shutdown.install()  # SIGTERM: drain in-flight generations, then exit 0 (inference/shutdown.py)

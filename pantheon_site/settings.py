@@ -11,6 +11,9 @@ PANTHEON_CTX_CAP       per-session context cap in tokens (0: the model's, at mos
 PANTHEON_MAX_SESSIONS  how many sessions may hold KV at once (4)
 PANTHEON_MAX_CONCURRENT  requests decoded at once (0: max_sessions)
 PANTHEON_REASONING_BUDGET  reasoning tokens before the think block is closed (0: unbounded)
+PANTHEON_MAX_LOADED_MODELS  models loaded at once; one more evicts the least recently used (4)
+PANTHEON_MEMORY_RESERVE_MB  memory a load must leave free, on top of its estimate (256)
+PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 import dj_database_url
 
 from pantheon_site.env import (
+    EnvError,
     env_bool,
     env_int,
     env_list,
@@ -162,7 +166,8 @@ PANTHEON_MODEL_DIRS = [
 _default_models = (
     [f"{SHIPPED_MODEL_NAME}={_shipped_dir / SHIPPED_MODEL_FILE}"] if _shipped_dir else []
 )
-_model_defaults = {
+# What a model gets when PANTHEON_MODELS or a load request leaves an option out (or 0).
+PANTHEON_MODEL_DEFAULTS = {
     "ctx_cap": env_int("PANTHEON_CTX_CAP", 0),
     "max_sessions": env_int("PANTHEON_MAX_SESSIONS", 4),
     "max_concurrent": env_int("PANTHEON_MAX_CONCURRENT", 0),
@@ -170,11 +175,22 @@ _model_defaults = {
 }
 # Plain dicts (ModelConfig keyword arguments); inference.runtime turns them into configs.
 PANTHEON_MODELS = [
-    {"name": name, "path": path, **_model_defaults}
+    {"name": name, "path": path, **PANTHEON_MODEL_DEFAULTS}
     for name, path in parse_model_specs(
         env_list("PANTHEON_MODELS", _default_models), PANTHEON_MODEL_DIRS
     )
 ]
+
+# --- operators (operators/, inference.runtime) ----------------------------------------
+
+PANTHEON_MAX_LOADED_MODELS = env_int("PANTHEON_MAX_LOADED_MODELS", 4)
+if PANTHEON_MAX_LOADED_MODELS < 1:
+    raise EnvError(f"PANTHEON_MAX_LOADED_MODELS={PANTHEON_MAX_LOADED_MODELS} must be at least 1")
+# Admission leaves this much memory free beyond a load's estimate (page cache, Python heap).
+PANTHEON_MEMORY_RESERVE_BYTES = env_int("PANTHEON_MEMORY_RESERVE_MB", 256) * 2**20
+# An unload waits this long for in-flight generations, then lets them finish in the
+# background (a generation is never cut off) and answers with "drained": false.
+PANTHEON_UNLOAD_TIMEOUT = float(env_int("PANTHEON_UNLOAD_TIMEOUT", 120))
 
 
 LOGGING = {
@@ -191,3 +207,19 @@ LOGGING = {
         "pantheon": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
     },
 }
+
+
+# --- concurrency: batch scheduler, queue, drain, memory ladder (inference/) -----------
+# Engine options for every model (ModelConfig keyword arguments). The contract names
+# the queue depth BS_QUEUE_DEPTH.
+PANTHEON_ENGINE_OPTIONS = {
+    "queue_depth": env_int("BS_QUEUE_DEPTH", 32),  # requests waiting beyond the slots
+    "queue_timeout_s": float(env_int("PANTHEON_QUEUE_TIMEOUT", 30)),  # then 429 server_busy
+    "prefill_chunk": env_int("PANTHEON_PREFILL_CHUNK", 256),  # prompt tokens per step
+}
+if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
+    raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")
+# SIGTERM: seconds in-flight generations may take to finish before the server exits.
+PANTHEON_DRAIN_TIMEOUT = float(env_int("PANTHEON_DRAIN_TIMEOUT", 30))
+# Test hooks such as POST /admin/debug/simulate-memory-pressure; off: they answer 404.
+PANTHEON_DEBUG_ROUTES = env_bool("PANTHEON_DEBUG_ROUTES", False)

@@ -1,9 +1,14 @@
 """Preallocated per-slot KV cache, written by index.
 
-np.zeros maps pages lazily, so a large window costs memory only as it fills.
+The arrays live in one anonymous memory map: pages are committed only as they are
+written, so a large window costs memory only as it fills, and `release(slot)` hands a
+freed slot's pages back to the OS (a slot once filled to 8k tokens would otherwise hold
+its ~380 MB for good), which is what lets the memory ladder actually relieve pressure.
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 
@@ -11,21 +16,67 @@ import numpy as np
 class KVCache:
     def __init__(self, n_layer: int, n_slots: int, n_kv_head: int, n_ctx: int, head_dim: int):
         shape = (n_layer, n_slots, n_kv_head, n_ctx, head_dim)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+        n_bytes = int(np.prod(shape)) * 4
+        # Private, so that MADV_DONTNEED really frees (a shared anonymous map keeps the data).
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        self._maps = [mmap.mmap(-1, max(n_bytes, 1), flags=flags) for _ in range(2)]
+        self.k, self.v = (
+            np.frombuffer(m, dtype=np.float32, count=n_bytes // 4).reshape(shape)
+            for m in self._maps
+        )
         self.n_ctx = n_ctx
         self.n_slots = n_slots
+        self._high_water = [0] * n_slots  # positions written per slot since its release
 
     def write(self, layer: int, slot: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v: (Hkv, T, Dh) for positions start .. start + T."""
         T = k.shape[1]
         self.k[layer, slot, :, start : start + T] = k
         self.v[layer, slot, :, start : start + T] = v
+        if start + T > self._high_water[slot]:
+            self._high_water[slot] = start + T
 
     def view(self, layer: int, slot: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values for positions 0 .. end: (Hkv, end, Dh) each, no copy."""
         return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Positions 0 .. n of slot `src` into slot `dst` (a shared prompt, n > 1)."""
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self._high_water[dst] = max(self._high_water[dst], n)
+
+    def release(self, slot: int) -> int:
+        """Give a free slot's written pages back to the OS; returns the bytes released.
+
+        Only whole pages inside the slot are dropped (they read as zeros afterwards), so
+        neighbouring slots are never touched. The caller guarantees the slot is free.
+        """
+        written = self._high_water[slot]
+        if written == 0:
+            return 0
+        self._high_water[slot] = 0
+        n_layer, _, n_kv_head, n_ctx, head_dim = self.k.shape
+        row = head_dim * 4  # bytes per position
+        slot_bytes = n_kv_head * n_ctx * row
+        page = mmap.PAGESIZE
+        released = 0
+        for m in self._maps:
+            for layer in range(n_layer):
+                for head in range(n_kv_head):
+                    begin = (layer * self.n_slots + slot) * slot_bytes + head * n_ctx * row
+                    end = begin + written * row
+                    begin = -(-begin // page) * page
+                    end = end // page * page
+                    if end > begin:
+                        m.madvise(mmap.MADV_DONTNEED, begin, end - begin)
+                        released += end - begin
+        return released
+
     def bytes_per_token(self) -> int:
         n_layer, _, n_kv_head, _, head_dim = self.k.shape
         return 2 * n_layer * n_kv_head * head_dim * 4
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes

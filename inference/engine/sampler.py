@@ -25,7 +25,9 @@ def apply_top_p(probs_desc: np.ndarray, p: float) -> int:
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        # Any integer seeds (numpy refuses negative ones); non-negative ones are kept as is.
+        seed = None if params.seed is None else params.seed % (1 << 128)
+        self.rng = np.random.default_rng(seed)
 
     def __call__(self, logits: np.ndarray) -> int:
         p = self.params

@@ -1,29 +1,43 @@
 """One engine thread per loaded model instance, and the asyncio bridge to it.
 
-The thread owns the weights, the KV cache and every forward pass. HTTP handlers submit a
-frozen GenerationRequest and async-iterate the events the thread pushes back with
-`loop.call_soon_threadsafe`. Nothing else touches engine state.
+The thread owns the weights, the KV cache and every forward pass. It loops: schedule a
+step (scheduler.py), run it (runner.py), record the sampled ids, and push each request's
+events to its event loop with `loop.call_soon_threadsafe`. HTTP handlers submit a frozen
+GenerationRequest and async-iterate those events. The scheduler's bookkeeping is shared
+with the handlers (admission, cancellation) under one lock, held for microseconds;
+arrays and forward passes are the thread's alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass, replace
 
 from .chat_template import ChatTemplate, normalize_messages
 from .gguf_file import GGUFFile
+from .memory import CRITICAL, MemoryLadder, device_memory, host_memory
 from .models import architecture_module
+from .runner import Runner
 from .sampler import Sampler
+from .scheduler import (
+    FINISH_STOP,
+    REFUSED_MEMORY,
+    Batch,
+    Finished,
+    QueueFull,
+    Refused,
+    Sampled,
+    Scheduler,
+)
 from .stop_strings import StopStringBuffer
 from .tokenizer import Tokenizer
 from .types import (
+    MAX_CHOICES,
     ContextOverBudget,
     FinishEvent,
     GenerationFailed,
@@ -31,6 +45,8 @@ from .types import (
     ModelConfig,
     ModelLoadError,
     ServerBusy,
+    ServerMemoryConstrained,
+    ServerShuttingDown,
     TokenEvent,
     Usage,
 )
@@ -38,13 +54,31 @@ from .types import (
 log = logging.getLogger("pantheon.engine.service")
 
 DEFAULT_CTX_CAP = 8192
+MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the ladder
+IDLE_WAIT_S = 0.25  # an idle engine thread still wakes this often (queue timeouts, ladder)
+MAX_RETRY_AFTER_S = 30
 
 
-@dataclass
-class _Job:
+@dataclass(eq=False)
+class _Request:
+    """One admitted request, as the engine thread sees it."""
+
     request: GenerationRequest
     emit: Callable[[object], None]
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    group_id: int = 0
+    closed: bool = False  # its client is gone (or it failed): drop its events
+
+
+@dataclass(eq=False)
+class _Choice:
+    """Output state of one choice (one sequence); the engine thread's alone."""
+
+    req: _Request
+    index: int
+    sampler: Sampler
+    detok: object
+    stops: StopStringBuffer
+    stopped: bool = False
 
 
 @dataclass
@@ -52,7 +86,8 @@ class EngineStats:
     """Measured rates, for estimates and /admin views. Written by the engine thread only."""
 
     prefill_tok_per_s: float = 0.0
-    decode_tok_per_s: float = 0.0
+    decode_tok_per_s: float = 0.0  # all sequences together, over the last decode step
+    decode_step_s: float = 0.0  # smoothed seconds per decode step
     generations: int = 0
 
 
@@ -60,6 +95,7 @@ class ModelService:
     def __init__(self, config: ModelConfig, gf: GGUFFile, model, tokenizer: Tokenizer, template):
         self.config = config
         self.name = config.name
+        self.gguf = gf
         self.architecture = gf.architecture
         self.weights_version = gf.weights_version
         self.path = str(gf.path)
@@ -71,14 +107,35 @@ class ModelService:
         self.stats = EngineStats()
         n_ctx_train = model.hp.n_ctx_train
         cap = config.ctx_cap if config.ctx_cap > 0 else min(n_ctx_train, DEFAULT_CTX_CAP)
-        self.context_window = min(cap, n_ctx_train)
+        self.context_window_configured = min(cap, n_ctx_train)
         self.max_sessions = config.max_sessions
-        # No batch scheduler yet: one generation at a time is what we actually serve.
-        self.max_concurrent = 1
-        self.max_concurrent_configured = config.max_concurrent or config.max_sessions
-        self.kv = model.make_kv_cache(1, self.context_window)
-        self._busy = threading.Lock()
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        # One KV slot per concurrently decoded sequence (the contract: 0 -> max_sessions).
+        self.max_concurrent_configured = max(1, config.max_concurrent or config.max_sessions)
+        self.kv = model.make_kv_cache(
+            self.max_concurrent_configured, self.context_window_configured
+        )
+        self.ladder = MemoryLadder(
+            self.max_concurrent_configured,
+            self.context_window_configured,
+            probe=device_memory if self.on_accelerator else host_memory,
+        )
+        self.scheduler = Scheduler(
+            self.max_concurrent_configured,
+            self.context_window_configured,
+            prefill_chunk=config.prefill_chunk,
+            queue_depth=config.queue_depth,
+            queue_timeout_s=config.queue_timeout_s,
+            end_ids=tokenizer.end_of_turn_ids,
+        )
+        self.runner = Runner(model, self.kv)
+        self._lock = threading.Lock()  # guards scheduler and _requests
+        self._requests: dict[int, _Request] = {}
+        self._choices: dict[int, _Choice] = {}  # engine thread only
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._draining = False
+        self._ladder_moved = False
+        self._last_poll = 0.0
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
         self._thread.start()
 
@@ -113,6 +170,47 @@ class ModelService:
         )
         return svc
 
+    def sibling(self, config: ModelConfig) -> ModelService:
+        """Another instance over the same (read-only) weights with its own KV cache,
+        scheduler and thread: a different configuration without loading the file again."""
+        return type(self)(config, self.gguf, self.model, self.tokenizer, self.template)
+
+    # ---- what is served now ----
+
+    @property
+    def max_concurrent(self) -> int:
+        """Sequences decoded at once right now: the configured slots, unless the memory
+        ladder lowered them (the contract's served value)."""
+        return self.ladder.slots
+
+    @property
+    def context_window(self) -> int:
+        """The effective per-session window: configured, unless the ladder clamped it."""
+        return self.ladder.window
+
+    @property
+    def memory_pressure(self) -> str:
+        return self.ladder.level_name
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not finished, queued ones included (an unload drains these)."""
+        return self.scheduler.in_flight
+
+    @property
+    def queued(self) -> int:
+        return self.scheduler.queued
+
+    @property
+    def busy(self) -> bool:
+        """Some request is queued or generating (an aborted one until the engine notices)."""
+        return self.scheduler.in_flight > 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Host memory this instance may hold: float32 weights plus its whole KV cache."""
+        return self.model.weight_bytes + self.kv.nbytes
+
     # ---- request side (any thread / the event loop) ----
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
@@ -124,29 +222,40 @@ class ModelService:
         return ids
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent | FinishEvent]:
-        """Events of one generation. Raises ContextOverBudget / ServerBusy before any event.
+        """Events of one request: each choice's TokenEvents and its FinishEvent (told apart
+        by `index`); the iterator ends after the last choice's FinishEvent.
 
-        Closing the iterator early (client gone) aborts the generation in the engine thread.
+        Refusals are raised before any event: ContextOverBudget, ServerMemoryConstrained,
+        ServerShuttingDown, and ServerBusy (queue full at once, or queue wait timed out).
+        Closing the iterator early (client gone) takes the request out of the queue, or
+        aborts its generation at the engine's next step.
         """
-        n_prompt = len(request.prompt_ids)
-        if n_prompt > self.context_window:
-            raise ContextOverBudget(n_prompt, self.context_window)
-        if n_prompt == 0:
-            raise GenerationFailed("empty prompt")
-        if not self._busy.acquire(blocking=False):
-            raise ServerBusy(f"a generation is already running on model {self.name!r}")
+        self._admissible(len(request.prompt_ids))
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        job = _Job(request, emit=lambda ev: None)
+        req = _Request(request, emit=lambda ev: None)
 
         def emit(event: object) -> None:
             try:
                 loop.call_soon_threadsafe(events.put_nowait, event)
             except RuntimeError:  # the loop is gone: nobody is listening any more
-                job.cancelled.set()
+                req.closed = True
 
-        job.emit = emit
-        self._jobs.put(job)
+        req.emit = emit
+        n = max(1, min(request.n, MAX_CHOICES))
+        with self._lock:
+            try:
+                req.group_id = self.scheduler.add(request.prompt_ids, n, request.params.max_tokens)
+            except QueueFull as exc:
+                retry = self._retry_after_locked()
+                if self.ladder.level == CRITICAL:
+                    raise ServerMemoryConstrained(
+                        f"memory pressure is critical and the queue is full ({exc})", retry
+                    ) from None
+                raise ServerBusy(f"model {self.name!r} is busy: {exc}", retry) from None
+            self._requests[req.group_id] = req
+        self._wake.set()
+        finished = 0
         try:
             while True:
                 event = await events.get()
@@ -154,101 +263,255 @@ class ModelService:
                     raise event
                 yield event
                 if isinstance(event, FinishEvent):
-                    return
+                    finished += 1
+                    if finished >= event.choices:
+                        return
         finally:
-            job.cancelled.set()
+            if not req.closed:
+                with self._lock:  # closed and cancelled together: see _forget_closed
+                    req.closed = True
+                    self.scheduler.cancel(req.group_id)
+                    self._requests.pop(req.group_id, None)
+                self._wake.set()
 
-    @property
-    def in_flight(self) -> int:
-        """Generations admitted and not yet finished (an unload drains these first)."""
-        return 1 if self._busy.locked() else 0
+    def _admissible(self, n_prompt: int) -> None:
+        if self._draining:
+            raise ServerShuttingDown(f"model {self.name!r} is shutting down; retry elsewhere")
+        if n_prompt == 0:
+            raise GenerationFailed("empty prompt")
+        if n_prompt > self.context_window_configured:
+            raise ContextOverBudget(n_prompt, self.context_window_configured)
+        window = self.context_window
+        if n_prompt > window:
+            raise ServerMemoryConstrained(
+                f"memory pressure: the context window is down to {window} tokens "
+                f"(configured {self.context_window_configured}) and the prompt is "
+                f"{n_prompt}; retry later",
+                self._retry_after(),
+            )
+        needed = n_prompt * self.kv.bytes_per_token()
+        available = self.ladder.available_bytes()
+        if needed > available:
+            raise ServerMemoryConstrained(
+                f"memory pressure: the prompt's KV needs {needed >> 20} MiB and only "
+                f"{available >> 20} MiB is free; retry later",
+                self._retry_after(),
+            )
 
-    @property
-    def memory_bytes(self) -> int:
-        """Host memory this instance holds: float32 weights plus its KV cache."""
-        return self.model.weight_bytes + self.kv.k.nbytes + self.kv.v.nbytes
+    def _retry_after(self) -> int:
+        with self._lock:
+            return self._retry_after_locked()
 
-    @property
-    def busy(self) -> bool:
-        """A generation holds the model (an aborted one holds it until its next token)."""
-        return self._busy.locked()
+    def _retry_after_locked(self) -> int:
+        """Seconds until a slot is likely free: the scheduler's step bound times the
+        measured step time, between 1 and 30."""
+        steps = self.scheduler.steps_until_a_slot_frees()
+        step_s = self.stats.decode_step_s or 0.05
+        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(steps * step_s)))
+
+    def simulate_memory_pressure(self, level: int | None) -> None:
+        """Test hook (an operator route): pin the memory ladder at `level` (0 normal ..
+        3 critical), or None to follow real free memory again. The served numbers change
+        at once; running generations see the new limits at the engine's next step."""
+        self.ladder.simulate(level)
+        self._ladder_moved = True
+        self._wake.set()
+
+    def begin_drain(self) -> None:
+        """Admit nothing new (ServerShuttingDown); queued and running requests finish."""
+        self._draining = True
 
     def close(self) -> None:
-        self._jobs.put(None)
+        """Stop the engine thread; requests still in flight fail with GenerationFailed."""
+        self._closing.set()
+        self._wake.set()
         self._thread.join(timeout=30)
 
     # ---- engine thread ----
 
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            final: object | None
+        while not self._closing.is_set():
             try:
-                final = self._execute(job)
-            except Exception as exc:
-                log.exception("%s: generation %s failed", self.name, job.request.request_id)
-                final = GenerationFailed(f"generation failed: {type(exc).__name__}")
-            # Free the model before the last event, so a client's next request is not
-            # refused as busy by the generation it just saw finish.
-            self._busy.release()
-            if final is not None:
-                job.emit(final)
+                self._step()
+            except Exception:  # a bug outside the forward pass: fail what runs, keep serving
+                log.exception("%s: engine step failed", self.name)
+                self._fail_all(GenerationFailed("generation failed: internal error"))
+        self._fail_all(GenerationFailed(f"model {self.name!r} was unloaded"))
 
-    def _execute(self, job: _Job) -> FinishEvent | None:
-        """Run one generation, emitting its tokens; returns the FinishEvent (None if aborted)."""
-        req, params = job.request, job.request.params
-        prompt = np.asarray(req.prompt_ids, dtype=np.int64)
-        n_prompt, chunk = len(prompt), max(1, self.config.prefill_chunk)
+    def _step(self) -> None:
+        """One iteration: admit, schedule, run, deliver (or wait when there is no work)."""
+        self._poll_memory()
+        with self._lock:
+            refused = self.scheduler.expire()
+            batch = self.scheduler.schedule()
+            freed = self.scheduler.pop_freed_slots()
+            self._start(batch)
+        for slot in freed:  # only this thread assigns slots: they stay free meanwhile
+            self.kv.release(slot)
+        self._deliver(refused)
+        if batch.empty:
+            self._wake.wait(IDLE_WAIT_S)
+            self._wake.clear()
+            return
+        samplers = {seq_id: ch.sampler for seq_id, ch in self._choices.items()}
+        try:
+            sampled = self.runner.run(batch, samplers)
+        except Exception as exc:
+            log.exception("%s: a forward pass failed", self.name)
+            self._fail(batch, GenerationFailed(f"generation failed: {type(exc).__name__}"))
+            return
+        self._note_times()
+        with self._lock:
+            events = self.scheduler.update(batch, sampled)
+        self._deliver(events)
+        self._forget_closed()
 
-        t0 = time.perf_counter()
-        for start in range(0, n_prompt, chunk):
-            if job.cancelled.is_set():
-                return None
-            logits = self.model.forward(prompt[start : start + chunk], start, self.kv, 0)
-        self._note_prefill(n_prompt, time.perf_counter() - t0)
+    def _start(self, batch: Batch) -> None:
+        """Output state for the groups this step admitted (under the lock)."""
+        for started in batch.started:
+            req = self._requests.get(started.group_id)
+            if req is None:
+                continue
+            params = req.request.params
+            for index, seq_id in enumerate(started.seq_ids):
+                seed = None if params.seed is None else params.seed + index
+                self._choices[seq_id] = _Choice(
+                    req=req,
+                    index=index,
+                    sampler=Sampler(replace(params, seed=seed)),
+                    detok=self.tokenizer.detokenizer(),
+                    stops=StopStringBuffer(params.stop),
+                )
 
-        sampler = Sampler(params)
-        detok = self.tokenizer.detokenizer()
-        stops = StopStringBuffer(params.stop)
-        end_ids = self.tokenizer.end_of_turn_ids
-        pos, n_out, finish = n_prompt, 0, "length"
-        t1 = time.perf_counter()
-        while True:
-            if job.cancelled.is_set():
-                return None
-            token = sampler(logits)
-            if token in end_ids:
-                finish = "stop"
-                break
-            n_out += 1
-            text = stops.push(detok.push(token))
-            if text:
-                job.emit(TokenEvent(text=text, token_ids=(token,)))
-            if stops.stopped:
-                finish = "stop"
-                break
-            if n_out >= params.max_tokens or pos >= self.context_window:
-                break
-            logits = self.model.forward(np.array([token]), pos, self.kv, 0)
-            pos += 1
-        self._note_decode(n_out, time.perf_counter() - t1)
-        if not stops.stopped:
-            tail = stops.push(detok.flush()) + stops.flush()
+    def _deliver(self, events: list) -> None:
+        for event in events:
+            if isinstance(event, Sampled):
+                self._on_token(event)
+            elif isinstance(event, Finished):
+                self._on_finished(event)
+            elif isinstance(event, Refused):
+                self._on_refused(event)
+
+    def _on_token(self, event: Sampled) -> None:
+        ch = self._choices.get(event.seq_id)
+        if ch is None or ch.stopped or ch.req.closed:
+            return
+        text = ch.stops.push(ch.detok.push(event.token_id))
+        if text:
+            ch.req.emit(TokenEvent(text=text, token_ids=(event.token_id,), index=ch.index))
+        if ch.stops.stopped:
+            ch.stopped = True
+            with self._lock:
+                finished = self.scheduler.finish(event.seq_id, FINISH_STOP)
+            if finished is not None:  # else a Finished event for it follows in this batch
+                self._on_finished(finished)
+
+    def _on_finished(self, event: Finished) -> None:
+        # The scheduler has freed the slot already: a client's next request is never
+        # refused as busy by the one it just saw finish.
+        if event.group_done:
+            with self._lock:
+                self._requests.pop(event.group_id, None)
+            self.stats.generations += 1
+        ch = self._choices.pop(event.seq_id, None)
+        if ch is None or ch.req.closed:
+            return
+        reason = event.reason
+        if ch.stopped:
+            reason = FINISH_STOP
+        else:
+            tail = ch.stops.push(ch.detok.flush()) + ch.stops.flush()
             if tail:
-                job.emit(TokenEvent(text=tail, token_ids=()))
+                ch.req.emit(TokenEvent(text=tail, token_ids=(), index=ch.index))
         usage = Usage(
-            prompt_tokens=n_prompt,
-            completion_tokens=n_out,
+            prompt_tokens=event.prompt_tokens,
+            completion_tokens=event.completion_tokens,
             cached_tokens=0,
-            kv_used=n_prompt + n_out,
-            kv_cap=self.context_window,
+            kv_used=event.kv_used,
+            kv_cap=event.kv_cap,
         )
-        return FinishEvent(finish_reason=finish, usage=usage)
+        ch.req.emit(
+            FinishEvent(finish_reason=reason, usage=usage, index=ch.index, choices=event.choices)
+        )
 
-    def _note_prefill(self, n: int, seconds: float) -> None:
-        if n >= 32 and seconds > 0:
-            self.stats.prefill_tok_per_s = n / seconds
+    def _on_refused(self, event: Refused) -> None:
+        with self._lock:
+            req = self._requests.pop(event.group_id, None)
+        if req is None or req.closed:
+            return
+        req.closed = True
+        retry = self._retry_after()
+        if event.reason == REFUSED_MEMORY:
+            req.emit(ServerMemoryConstrained(event.message, retry))
+        else:
+            req.emit(ServerBusy(f"model {self.name!r} is busy: {event.message}", retry))
 
-    def _note_decode(self, n: int, seconds: float) -> None:
-        self.stats.generations += 1
-        if n >= 8 and seconds > 0:
-            self.stats.decode_tok_per_s = n / seconds
+    def _fail(self, batch: Batch, error: Exception) -> None:
+        """A step failed: every request with a sequence in it fails (its slots freed)."""
+        seq_ids = {c.seq_id for c in batch.prefill} | set(batch.sampling_seq_ids())
+        reqs = {id(ch.req): ch.req for s in seq_ids if (ch := self._choices.get(s))}
+        for req in reqs.values():
+            with self._lock:
+                self.scheduler.cancel(req.group_id)
+                self._requests.pop(req.group_id, None)
+            if not req.closed:
+                req.closed = True
+                req.emit(error)
+        self._forget_closed()
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            reqs = list(self._requests.values())
+            self._requests.clear()
+            for req in reqs:
+                self.scheduler.cancel(req.group_id)
+        for req in reqs:
+            if not req.closed:
+                req.closed = True
+                req.emit(error)
+
+    def _forget_closed(self) -> None:
+        """Drop the output state of requests nobody listens to any more, cancelling them
+        first (idempotent), so that no later batch can include their sequences."""
+        closed = {id(ch.req): ch.req for ch in self._choices.values() if ch.req.closed}
+        if not closed:
+            return
+        with self._lock:
+            for req in closed.values():
+                self.scheduler.cancel(req.group_id)
+                self._requests.pop(req.group_id, None)
+        for seq_id in [s for s, ch in self._choices.items() if ch.req.closed]:
+            del self._choices[seq_id]
+
+    def _poll_memory(self) -> None:
+        """Move the ladder (every MEMORY_POLL_S, or at once after a simulated move) and
+        hand the scheduler whatever it serves now."""
+        now = time.monotonic()
+        if self._ladder_moved or now - self._last_poll >= MEMORY_POLL_S:
+            self._ladder_moved = False
+            self._last_poll = now
+            self.ladder.observe()
+        slots, window = self.ladder.slots, self.ladder.window
+        if (slots, window) == (self.scheduler.served_slots, self.scheduler.context_window):
+            return
+        log.warning(
+            "%s: memory pressure %s: serving %d of %d slots, a %d-token window of %d",
+            self.name,
+            self.ladder.level_name,
+            slots,
+            self.max_concurrent_configured,
+            window,
+            self.context_window_configured,
+        )
+        with self._lock:
+            events = self.scheduler.set_limits(slots, window)
+        self._deliver(events)
+
+    def _note_times(self) -> None:
+        t = self.runner.last
+        if t.prefill_tokens >= 32 and t.prefill_s > 0:
+            self.stats.prefill_tok_per_s = t.prefill_tokens / t.prefill_s
+        if t.decode_rows and t.decode_s > 0:
+            self.stats.decode_tok_per_s = t.decode_rows / t.decode_s
+            prev = self.stats.decode_step_s
+            self.stats.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s

@@ -23,7 +23,11 @@ class ModelConfig:
     max_sessions: int = 4
     max_concurrent: int = 0  # 0 -> max_sessions (the contract's rule)
     reasoning_budget: int = 0  # 0 -> unbounded
-    prefill_chunk: int = 512  # prompt tokens per forward pass; bounds attention scratch memory
+    # Prompt tokens per forward pass, and per scheduler step: bounds attention scratch
+    # memory and how long one prompt's prefill holds up the running streams.
+    prefill_chunk: int = 256
+    queue_depth: int = 32  # requests waiting for a slot beyond the running ones (BS_QUEUE_DEPTH)
+    queue_timeout_s: float = 30.0  # a request waiting longer is refused as busy
 
 
 @dataclass(frozen=True)
@@ -36,19 +40,27 @@ class SamplingParams:
     seed: int | None = None
 
 
+MAX_CHOICES = 8  # the contract's cap on `n`
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
+    # Choices: each a full separate decode sharing the prompt's prefill. Choice i samples
+    # with seed + i when a seed is given.
+    n: int = 1
 
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """Newly produced answer text: whole UTF-8 characters, stop strings withheld."""
+    """Newly produced answer text of choice `index`: whole UTF-8 characters, stop strings
+    withheld."""
 
     text: str
     token_ids: tuple[int, ...]
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,10 +78,13 @@ class Usage:
 
 @dataclass(frozen=True)
 class FinishEvent:
-    """Last event of a generation."""
+    """Last event of one choice. A request's stream ends after `choices` of them (fewer
+    than it asked for only when the served slot count cannot hold them all)."""
 
     finish_reason: str  # "stop" | "length"
-    usage: Usage
+    usage: Usage  # this choice's; the prompt is the request's, counted once by the caller
+    index: int = 0
+    choices: int = 1
 
 
 class EngineError(Exception):
@@ -87,7 +102,23 @@ class ContextOverBudget(EngineError):
 
 
 class ServerBusy(EngineError):
-    """Single-user path: a generation is already running on this model."""
+    """Every slot is busy and the queue is full, or the wait in the queue timed out."""
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ServerMemoryConstrained(EngineError):
+    """Memory pressure: the prompt does not fit what the server can hold right now."""
+
+    def __init__(self, message: str, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ServerShuttingDown(EngineError):
+    """The server (or this model) is draining: no new generations are admitted."""
 
 
 class GenerationFailed(EngineError):

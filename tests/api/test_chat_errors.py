@@ -81,6 +81,9 @@ async def test_content_type_is_not_checked(post_chat, empty_runtime):
         ({"messages": HELLO, "stop": 7}, "stop"),
         ({"messages": HELLO, "stop": ["ok", 7]}, "stop"),
         ({"messages": HELLO, "seed": "42"}, "seed"),
+        ({"messages": HELLO, "n": 0}, "n"),
+        ({"messages": HELLO, "n": "2"}, "n"),
+        ({"messages": HELLO, "n": 1.5}, "n"),
         ({"messages": HELLO, "model": 5}, "model"),
         ({"messages": HELLO, "stream_options": "usage"}, "stream_options"),
         (

@@ -41,8 +41,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(data_dir: Path, models: dict[str, Path], **env_extra: str) -> Iterator[Server]:
-    """Yield a Server once every model in `models` is loaded; kill it afterwards."""
+def running_server(
+    data_dir: Path,
+    models: dict[str, Path],
+    *,
+    wait_for: list[str] | None = None,
+    **env_extra: str,
+) -> Iterator[Server]:
+    """Yield a Server once every model in `models` (or the names in `wait_for`) is loaded;
+    kill it afterwards. `models` becomes PANTHEON_MODELS, which seeds an empty database:
+    a second server on the same data dir loads what the first had loaded instead."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
@@ -74,7 +82,7 @@ def running_server(data_dir: Path, models: dict[str, Path], **env_extra: str) ->
         )
     srv = Server(f"http://127.0.0.1:{port}", proc, log)
     try:
-        _wait_until_loaded(srv, list(models))
+        _wait_until_loaded(srv, list(models) if wait_for is None else wait_for)
         yield srv
     finally:
         proc.terminate()
@@ -100,7 +108,8 @@ def _wait_until_loaded(srv: Server, names: list[str]) -> None:
             return
         if "failed" in states:
             pytest.fail(f"a model failed to load: {health}\n{srv.log_tail()}")
-        if srv.health_while_loading is None:
+        # Nothing listed yet: the loader is still reading the model list from the database.
+        if srv.health_while_loading is None and health["models"]:
             srv.health_while_loading = health
             srv.chat_while_loading = httpx.post(
                 srv.url + "/v1/chat/completions", json={"messages": PROBE}, timeout=10

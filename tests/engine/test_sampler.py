@@ -40,3 +40,11 @@ def test_a_seed_makes_sampling_reproducible():
 def test_sampling_stays_inside_top_k():
     s = Sampler(SamplingParams(temperature=2.0, top_k=2, top_p=1.0, seed=0))
     assert {s(LOGITS) for _ in range(200)} == {1, 3}
+
+
+def test_any_integer_seed_is_reproducible():
+    logits = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+    for seed in (-5, 0, 2**70):
+        params = SamplingParams(temperature=1.0, seed=seed)
+        first = [Sampler(params)(logits) for _ in range(3)]
+        assert len(set(first)) == 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,6 +63,12 @@ class Layer:
     ffn_norm: np.ndarray  # (D,)
     ffn_gate_up: np.ndarray  # (2 F, D): gate and up fused
     ffn_down: np.ndarray  # (D, F)
+    # Fixed row ranges of each matrix for the batch-invariant decode matmuls.
+    chunks: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("attn_qkv", "attn_output", "ffn_gate_up", "ffn_down"):
+            self.chunks[name] = ops.row_chunks(getattr(self, name))
 
 
 class LlamaModel:
@@ -110,6 +116,7 @@ class LlamaModel:
         self.output_norm = load("output_norm.weight")
         # Tied embeddings: no output.weight in the file means logits use token_embd.
         self.output = load("output.weight") if gf.has_tensor("output.weight") else self.tok_embd
+        self.output_chunks = ops.row_chunks(self.output)
         self.rope_cos, self.rope_sin = ops.rope_tables(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
 
     @property
@@ -118,7 +125,7 @@ class LlamaModel:
         if self.output is not self.tok_embd:
             arrays.append(self.output)
         for layer in self.layers:
-            arrays += list(vars(layer).values())
+            arrays += [a for a in vars(layer).values() if isinstance(a, np.ndarray)]
         return int(sum(a.nbytes for a in arrays))
 
     def make_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
@@ -172,6 +179,54 @@ class LlamaModel:
         x = ops.rms_norm(x, self.output_norm, hp.eps)
         logits = x @ self.output.T  # (T, V)
         return logits if all_logits else logits[0]
+
+    def forward_decode(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], kv: KVCache
+    ) -> np.ndarray:
+        """One decode step for B sequences in one pass: token b at positions[b] on slot
+        slots[b]. Returns logits (B, V).
+
+        Batch invariant: row b's logits are the same bits whatever else is in the batch.
+        The matmuls go row by row over fixed weight chunks (ops.linear_rows; a GEMM's
+        rows are not guaranteed that), attention runs per row over the row's own KV, and
+        everything else is elementwise or reduces along a row.
+        """
+        hp = self.hp
+        B = len(tokens)
+        H, Hkv, Dh = hp.n_head, hp.n_kv_head, hp.head_dim
+        group = H // Hkv
+        Dq, Dkv = H * Dh, Hkv * Dh
+        pos = np.asarray(positions, dtype=np.int64)
+        if B and (pos.max() >= kv.n_ctx or pos.max() >= len(self.rope_cos)):
+            raise ValueError(f"position {pos.max()} exceeds the KV window {kv.n_ctx}")
+        cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (B, Dh / 2)
+        scale = np.float32(1.0 / np.sqrt(Dh))
+
+        x = self.tok_embd[np.asarray(tokens, dtype=np.int64)]  # (B, D)
+        for li, layer in enumerate(self.layers):
+            h = ops.rms_norm(x, layer.attn_norm, hp.eps)
+            qkv = ops.linear_rows(h, layer.attn_qkv, layer.chunks["attn_qkv"])
+            q = ops.apply_rope_interleaved(qkv[:, :Dq].reshape(B, H, Dh), cos, sin)
+            k = ops.apply_rope_interleaved(qkv[:, Dq : Dq + Dkv].reshape(B, Hkv, Dh), cos, sin)
+            v = qkv[:, Dq + Dkv :].reshape(B, Hkv, Dh)
+            attn = np.empty((B, Dq), dtype=np.float32)
+            for b in range(B):
+                slot, p = int(slots[b]), int(pos[b])
+                kv.write(li, slot, p, k[b][:, None], v[b][:, None])
+                keys, values = kv.view(li, slot, p + 1)  # (Hkv, p + 1, Dh)
+                qg = q[b].reshape(Hkv, group, 1, Dh)
+                scores = (qg * scale) @ keys[:, None].transpose(0, 1, 3, 2)  # (Hkv, group, 1, p+1)
+                ops.softmax_inplace(scores)
+                attn[b] = (scores @ values[:, None]).reshape(Dq)
+            x = x + ops.linear_rows(attn, layer.attn_output, layer.chunks["attn_output"])
+
+            h = ops.rms_norm(x, layer.ffn_norm, hp.eps)
+            gate_up = ops.linear_rows(h, layer.ffn_gate_up, layer.chunks["ffn_gate_up"])
+            act = ops.silu(gate_up[:, : hp.d_ff]) * gate_up[:, hp.d_ff :]
+            x = x + ops.linear_rows(act, layer.ffn_down, layer.chunks["ffn_down"])
+
+        x = ops.rms_norm(x, self.output_norm, hp.eps)
+        return ops.linear_rows(x, self.output, self.output_chunks)  # (B, V)
 
 
 def load(gf: GGUFFile, progress: Callable[[int, int], None] | None = None) -> LlamaModel:

@@ -1,0 +1,83 @@
+"""Batch -> forward passes -> logits -> sampled ids. Owns nothing but timings.
+
+Each prefill chunk is its own forward pass on its sequence's slot (chunk boundaries are
+fixed per prompt, so a prompt is computed the same way whatever else runs); all decode
+rows go through one batched pass (`forward_decode`, batch invariant; one pass per row for
+an architecture without it). Each sequence
+samples with its own Sampler, so its random stream does not depend on its neighbours.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .kv_cache import KVCache
+from .sampler import Sampler
+from .scheduler import Batch
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent on the last batch's prefill chunks and on its decode pass."""
+
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_rows: int = 0
+    decode_s: float = 0.0
+
+
+class Runner:
+    def __init__(self, model, kv: KVCache):
+        self.model = model
+        self.kv = kv
+        self.last = StepTimes()
+
+    def run(self, batch: Batch, samplers: Mapping[int, Sampler]) -> dict[int, int]:
+        """Run one step; returns {seq_id: sampled token id} for batch.sampling_seq_ids()
+        (those with a sampler: a sequence cancelled meanwhile has none)."""
+        sampled: dict[int, int] = {}
+        times = StepTimes()
+        t0 = time.perf_counter()
+        for chunk in batch.prefill:
+            tokens = np.asarray(chunk.token_ids, dtype=np.int64)
+            logits = self.model.forward(tokens, chunk.start, self.kv, chunk.slot)
+            times.prefill_tokens += len(tokens)
+            if chunk.sample_seq_ids:
+                end = chunk.start + len(tokens)
+                for slot in chunk.copy_to_slots:
+                    self.kv.copy_prefix(chunk.slot, slot, end)
+                for seq_id in chunk.sample_seq_ids:
+                    if seq_id in samplers:  # absent: cancelled meanwhile
+                        sampled[seq_id] = samplers[seq_id](logits)
+        t1 = time.perf_counter()
+        times.prefill_s = t1 - t0
+        if batch.decode:
+            rows = batch.decode
+            logits = self._decode(rows)
+            for row, row_logits in zip(rows, logits, strict=True):
+                if row.seq_id in samplers:
+                    sampled[row.seq_id] = samplers[row.seq_id](row_logits)
+            times.decode_rows = len(rows)
+            times.decode_s = time.perf_counter() - t1
+        self.last = times
+        return sampled
+
+    def _decode(self, rows) -> np.ndarray:
+        """Logits (B, V) of one decode step. An architecture without a batched pass
+        (`forward_decode`) runs the rows one by one: each still exactly as alone, without
+        the throughput of a shared pass."""
+        forward_decode = getattr(self.model, "forward_decode", None)
+        if forward_decode is not None:
+            return forward_decode(
+                [r.token_id for r in rows],
+                [r.position for r in rows],
+                [r.slot for r in rows],
+                self.kv,
+            )
+        return np.stack(
+            [self.model.forward(np.array([r.token_id]), r.position, self.kv, r.slot) for r in rows]
+        )

@@ -1,0 +1,426 @@
+"""Continuous batching as pure bookkeeping: which sequences prefill and decode each step.
+
+No model, no arrays, no threads. The engine thread asks `schedule()` for the next Batch,
+runs it, and reports the sampled ids with `update(batch, sampled)`, which returns the
+events to deliver. The HTTP side adds and cancels requests (under the service's lock).
+Tested with no model and fake token ids.
+
+The rules:
+- A request (a *group* of `n` choices, each a *sequence*) waits in a FIFO until `n` of
+  the served slots are free. No request overtakes the head of the queue.
+- A group's prompt is prefilled once, on its first sequence's slot, in chunks at fixed
+  boundaries (multiples of `prefill_chunk`), so the same prompt is always computed in the
+  same passes, whatever else runs. Each step prefills at most `prefill_chunk` prompt
+  tokens (always at least one chunk), then decodes every running sequence one token: a
+  long prompt delays the running streams by one chunk per step, never more.
+- On the prompt's last chunk its KV is copied to the other choices' slots and every
+  choice samples its first token from the last position's logits.
+- A finished or cancelled sequence frees its slot at once, for the next `schedule()`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+FINISH_STOP, FINISH_LENGTH = "stop", "length"
+REFUSED_QUEUE_TIMEOUT, REFUSED_MEMORY = "queue_timeout", "memory"
+
+
+# --- what crosses to the runner ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    seq_id: int
+    slot: int
+    start: int  # position of token_ids[0]
+    token_ids: tuple[int, ...]
+    # Only on a prompt's last chunk: slots that get a copy of the prompt's KV (the other
+    # choices of an n > 1 request), then the sequences that sample their first token from
+    # this chunk's last logits.
+    copy_to_slots: tuple[int, ...] = ()
+    sample_seq_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    seq_id: int
+    slot: int
+    position: int  # where token_id's KV is written
+    token_id: int
+
+
+@dataclass(frozen=True)
+class Started:
+    """A group that left the queue this step: its choices' sequences, choice i at [i]
+    (fewer than it asked for when the served slots cannot hold them all)."""
+
+    group_id: int
+    seq_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Batch:
+    prefill: tuple[PrefillChunk, ...] = ()
+    decode: tuple[DecodeRow, ...] = ()
+    started: tuple[Started, ...] = ()  # groups admitted by this schedule()
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+    def sampling_seq_ids(self) -> tuple[int, ...]:
+        """The sequences this batch samples a token for, in the order update() takes them."""
+        ids = [s for chunk in self.prefill for s in chunk.sample_seq_ids]
+        return (*ids, *(row.seq_id for row in self.decode))
+
+
+# --- what crosses back to the service --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sampled:
+    group_id: int
+    seq_id: int
+    index: int
+    token_id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    group_id: int
+    seq_id: int
+    index: int
+    reason: str  # FINISH_STOP | FINISH_LENGTH
+    prompt_tokens: int
+    completion_tokens: int
+    kv_used: int
+    kv_cap: int
+    choices: int
+    group_done: bool  # the group's last sequence: the request is over
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A group that was admitted to the queue and is now turned away."""
+
+    group_id: int
+    reason: str  # REFUSED_QUEUE_TIMEOUT | REFUSED_MEMORY
+    message: str
+
+
+class QueueFull(Exception):
+    """Every served slot is taken and `queue_depth` requests already wait."""
+
+
+# --- state -------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Seq:
+    seq_id: int
+    group: _Group
+    index: int
+    slot: int = -1
+    n_out: int = 0  # sampled tokens that count as output (end-of-turn does not)
+    last_token: int = -1
+    done: bool = False
+
+
+@dataclass(eq=False)
+class _Group:
+    group_id: int
+    prompt: tuple[int, ...]
+    n: int
+    max_tokens: int
+    enqueued_at: float
+    seqs: list[_Seq] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens whose KV is written (on seqs[0]'s slot)
+
+    @property
+    def prompt_done(self) -> bool:
+        return self.prefilled >= len(self.prompt)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        n_slots: int,
+        context_window: int,
+        *,
+        prefill_chunk: int = 256,
+        queue_depth: int = 32,
+        queue_timeout_s: float = 30.0,
+        end_ids: Collection[int] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if n_slots < 1:
+            raise ValueError("a scheduler needs at least one slot")
+        self.n_slots = n_slots
+        self.served_slots = n_slots  # the memory ladder may lower it (set_limits)
+        self.context_window = context_window
+        self.prefill_chunk = max(1, prefill_chunk)
+        self.queue_depth = max(0, queue_depth)
+        self.queue_timeout_s = queue_timeout_s
+        self.end_ids = frozenset(end_ids)
+        self.clock = clock
+        self._free: list[int] = list(range(n_slots))  # a heap: the lowest free slot first
+        self._waiting: deque[_Group] = deque()
+        self._running: dict[int, _Group] = {}  # admission order
+        self._seqs: dict[int, _Seq] = {}  # sequences holding a slot
+        self._group_ids = itertools.count(1)
+        self._seq_ids = itertools.count(1)
+        self._freed: list[int] = []
+
+    # --- the HTTP side -------------------------------------------------------------------
+
+    def add(self, prompt: tuple[int, ...], n: int = 1, max_tokens: int = 1) -> int:
+        """Queue a request of `n` choices; returns its group id. Raises QueueFull."""
+        if self._queued_behind(min(n, self.served_slots)) >= self.queue_depth + 1:
+            raise QueueFull(
+                f"all {self.served_slots} slots are busy and {self.queued} requests wait"
+            )
+        group = _Group(next(self._group_ids), tuple(prompt), max(1, n), max_tokens, self.clock())
+        self._waiting.append(group)
+        return group.group_id
+
+    def cancel(self, group_id: int) -> bool:
+        """Forget a group (its client is gone): out of the queue, or its slots freed now."""
+        for group in self._waiting:
+            if group.group_id == group_id:
+                self._waiting.remove(group)
+                return True
+        group = self._running.pop(group_id, None)
+        if group is None:
+            return False
+        for seq in group.seqs:
+            if not seq.done:
+                seq.done = True
+                self._release(seq)
+        return True
+
+    # --- the engine thread ---------------------------------------------------------------
+
+    def schedule(self) -> Batch:
+        """Admit what fits, then one step's work: prefill chunks within the token budget and
+        one decode row per running sequence."""
+        started = self._admit()
+        budget = self.prefill_chunk
+        chunks: list[PrefillChunk] = []
+        decode: list[DecodeRow] = []
+        for group in self._running.values():
+            if group.prompt_done:
+                for seq in group.seqs:
+                    if not seq.done:
+                        decode.append(
+                            DecodeRow(seq.seq_id, seq.slot, self._position(seq), seq.last_token)
+                        )
+                continue
+            start = group.prefilled
+            end = min(len(group.prompt), (start // self.prefill_chunk + 1) * self.prefill_chunk)
+            if end - start > budget and chunks:
+                continue  # whole chunks only; the first chunk of a step always runs
+            budget -= end - start
+            first, *others = group.seqs
+            last = end == len(group.prompt)
+            chunks.append(
+                PrefillChunk(
+                    seq_id=first.seq_id,
+                    slot=first.slot,
+                    start=start,
+                    token_ids=group.prompt[start:end],
+                    copy_to_slots=tuple(s.slot for s in others) if last else (),
+                    sample_seq_ids=tuple(s.seq_id for s in group.seqs) if last else (),
+                )
+            )
+        return Batch(prefill=tuple(chunks), decode=tuple(decode), started=tuple(started))
+
+    def update(self, batch: Batch, sampled: Mapping[int, int]) -> list[object]:
+        """Record a run batch and its sampled ids; the events to deliver, in order.
+
+        Sequences cancelled or finished while the batch ran, or not sampled, are skipped.
+        """
+        events: list[object] = []
+        for chunk in batch.prefill:
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is not None:
+                seq.group.prefilled = max(seq.group.prefilled, chunk.start + len(chunk.token_ids))
+        for seq_id in batch.sampling_seq_ids():
+            seq = self._seqs.get(seq_id)
+            if seq is None or seq.done or seq_id not in sampled:
+                continue
+            token = int(sampled[seq_id])
+            if token in self.end_ids:
+                events.append(self._finish(seq, FINISH_STOP))
+                continue
+            seq.n_out += 1
+            seq.last_token = token
+            events.append(Sampled(seq.group.group_id, seq_id, seq.index, token))
+            if seq.n_out >= seq.group.max_tokens or self._position(seq) >= self.context_window:
+                events.append(self._finish(seq, FINISH_LENGTH))
+        return events
+
+    def finish(self, seq_id: int, reason: str = FINISH_STOP) -> Finished | None:
+        """End a sequence early (a stop string matched); None if it already ended."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.done:
+            return None
+        return self._finish(seq, reason)
+
+    def expire(self) -> list[Refused]:
+        """Queued groups that waited `queue_timeout_s`: out of the queue, to be refused."""
+        now = self.clock()
+        expired = [g for g in self._waiting if now - g.enqueued_at >= self.queue_timeout_s]
+        for group in expired:
+            self._waiting.remove(group)
+        return [
+            Refused(
+                g.group_id,
+                REFUSED_QUEUE_TIMEOUT,
+                f"no slot became free within {self.queue_timeout_s:g} s",
+            )
+            for g in expired
+        ]
+
+    def set_limits(self, served_slots: int, context_window: int) -> list[object]:
+        """The memory ladder moved: serve this many slots and this window from now on.
+
+        Running sequences are never preempted for a lower slot count (new ones wait
+        instead), but a lower window ends the sequences already past it (`length`) and
+        refuses the groups whose prompt no longer fits. Returns those events.
+        """
+        self.served_slots = max(1, min(served_slots, self.n_slots))
+        self.context_window = context_window
+        events: list[object] = []
+        for group in list(self._running.values()):
+            if not group.prompt_done:
+                if len(group.prompt) > context_window:  # no token was produced yet
+                    self.cancel(group.group_id)
+                    events.append(Refused(group.group_id, REFUSED_MEMORY, _no_room(group)))
+                continue
+            for seq in group.seqs:
+                if not seq.done and self._position(seq) >= context_window:
+                    events.append(self._finish(seq, FINISH_LENGTH))
+        for group in list(self._waiting):
+            if len(group.prompt) > context_window:
+                self._waiting.remove(group)
+                events.append(Refused(group.group_id, REFUSED_MEMORY, _no_room(group)))
+        return events
+
+    def pop_freed_slots(self) -> list[int]:
+        """Slots freed since the last call that are still free (their KV can be dropped)."""
+        freed, self._freed = self._freed, []
+        free = set(self._free)
+        return sorted({s for s in freed if s in free})
+
+    # --- views -----------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not finished, queued ones included."""
+        return len(self._waiting) + len(self._running)
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Sequences holding a slot."""
+        return len(self._seqs)
+
+    def steps_until_a_slot_frees(self) -> int:
+        """Upper bound on the steps before some running sequence ends (0 when one is free)."""
+        if len(self._seqs) < self.served_slots:
+            return 0
+        best = None
+        for seq in self._seqs.values():
+            group = seq.group
+            chunks_left = -(-(len(group.prompt) - group.prefilled) // self.prefill_chunk)
+            tokens_left = min(
+                group.max_tokens - seq.n_out,
+                self.context_window - len(group.prompt) - max(seq.n_out - 1, 0),
+            )
+            steps = chunks_left + max(tokens_left, 1)
+            best = steps if best is None else min(best, steps)
+        return best or 1
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _queued_behind(self, need: int) -> int:
+        """How many groups would wait ahead of a new one needing `need` slots, plus one if
+        it would have to wait itself (0: it starts at the next step)."""
+        free = self.served_slots - len(self._seqs)
+        waiting = 0
+        for group in self._waiting:
+            g_need = min(group.n, self.served_slots)
+            if waiting == 0 and g_need <= free:
+                free -= g_need
+            else:
+                waiting += 1
+        return waiting + (0 if waiting == 0 and need <= free else 1)
+
+    def _admit(self) -> list[Started]:
+        started = []
+        while self._waiting:
+            group = self._waiting[0]
+            # More choices than the served slots can never start together: serve fewer.
+            n = min(group.n, self.served_slots)
+            if self.served_slots - len(self._seqs) < n or len(self._free) < n:
+                break
+            self._waiting.popleft()
+            group.n = n
+            for index in range(n):
+                seq = _Seq(next(self._seq_ids), group, index, slot=heapq.heappop(self._free))
+                group.seqs.append(seq)
+                self._seqs[seq.seq_id] = seq
+            self._running[group.group_id] = group
+            started.append(Started(group.group_id, tuple(q.seq_id for q in group.seqs)))
+        return started
+
+    def _position(self, seq: _Seq) -> int:
+        """Where the sequence's next decoded token (its last sampled one) goes in the KV."""
+        return len(seq.group.prompt) + seq.n_out - 1
+
+    def _finish(self, seq: _Seq, reason: str) -> Finished:
+        seq.done = True
+        self._release(seq)
+        group = seq.group
+        done = all(s.done for s in group.seqs)
+        if done:
+            self._running.pop(group.group_id, None)
+        kv_used = min(len(group.prompt) + seq.n_out, self.context_window)
+        return Finished(
+            group_id=group.group_id,
+            seq_id=seq.seq_id,
+            index=seq.index,
+            reason=reason,
+            prompt_tokens=len(group.prompt),
+            completion_tokens=seq.n_out,
+            kv_used=kv_used,
+            kv_cap=self.context_window,
+            choices=group.n,
+            group_done=done,
+        )
+
+    def _release(self, seq: _Seq) -> None:
+        self._seqs.pop(seq.seq_id, None)
+        if seq.slot >= 0:
+            heapq.heappush(self._free, seq.slot)
+            self._freed.append(seq.slot)
+            seq.slot = -1
+        group = seq.group
+        if all(s.done for s in group.seqs):
+            self._running.pop(group.group_id, None)
+
+
+def _no_room(group: _Group) -> str:
+    return (
+        f"memory pressure: the prompt ({len(group.prompt)} tokens) no longer fits the "
+        "context window; retry later"
+    )

@@ -1,0 +1,142 @@
+"""The model folders (PANTHEON_MODEL_DIRS) and what a GGUF holds, read without loading it.
+
+Only files inside the folders may be loaded: `allowed_model_path` follows symlinks and
+refuses anything that ends up outside. `model_file_info` reads a file's metadata for the
+available list and for admission, cached by (path, size, mtime) because GGUFReader takes
+seconds on a large vocabulary. Errors are builtins (PermissionError, FileNotFoundError,
+ValueError); inference.runtime turns them into operator refusals.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+# Mirrors the engine's DEFAULT_CTX_CAP (the window when ctx_cap is 0); only estimates use it.
+ENGINE_DEFAULT_CTX = 8192
+
+
+def model_dirs() -> list[Path]:
+    from django.conf import settings
+
+    return [Path(d) for d in getattr(settings, "PANTHEON_MODEL_DIRS", [])]
+
+
+def allowed_model_path(path: str) -> Path:
+    """`path` with symlinks followed, if it lies inside one of PANTHEON_MODEL_DIRS.
+
+    A relative path is looked up in each model folder. Raises PermissionError naming the
+    folders for anything else (`..` escapes and symlinks pointing out included).
+    """
+    dirs = model_dirs()
+    given = Path(path).expanduser()
+    if given.is_absolute():
+        candidates = [given]
+    else:
+        candidates = [d / given for d in dirs]
+        # The first folder that has the file; else the first, so that a missing file is a 404
+        candidates.sort(key=lambda p: not p.exists())
+    for candidate in candidates:
+        resolved = candidate.resolve()
+        if any(resolved.is_relative_to(d) for d in dirs):
+            return resolved
+    allowed = ", ".join(str(d) for d in dirs) or "none configured"
+    raise PermissionError(
+        f"{path!r} is outside the model folders; models load only from PANTHEON_MODEL_DIRS: "
+        f"{allowed}"
+    )
+
+
+@dataclass(frozen=True)
+class ModelFileInfo:
+    """What an operator (and admission) needs to know about a GGUF without loading it."""
+
+    path: str
+    size_bytes: int
+    architecture: str
+    quantization: str
+    n_params: int
+    context_length: int  # 0 = not in the metadata
+    n_layer: int
+    n_kv_head: int
+    head_dim: int
+
+    def context(self, ctx_cap: int) -> int:
+        """The window the engine would serve for this ctx_cap."""
+        train = self.context_length or ENGINE_DEFAULT_CTX
+        return min(ctx_cap, train) if ctx_cap > 0 else min(train, ENGINE_DEFAULT_CTX)
+
+    def estimate_bytes(self, ctx_cap: int, max_sessions: int) -> int:
+        """Float32 weights (the engine dequantises at load) plus float32 K and V for
+        `max_sessions` sessions of the served window."""
+        kv_per_token = 2 * self.n_layer * self.n_kv_head * self.head_dim * 4
+        return self.n_params * 4 + kv_per_token * self.context(ctx_cap) * max(1, max_sessions)
+
+
+_cache_lock = threading.Lock()
+_cache: dict[str, tuple[tuple[int, int], ModelFileInfo | Exception]] = {}
+
+
+def model_file_info(path: str | Path) -> ModelFileInfo:
+    """Metadata of a GGUF file, cached until its size or mtime changes. Raises
+    FileNotFoundError, or ValueError for a file that is not a readable GGUF."""
+    from inference.engine.gguf_file import GGUFFile, ModelFileNotFound
+
+    path = str(path)
+    try:
+        st = Path(path).stat()
+    except OSError:
+        raise FileNotFoundError(f"model file not found: {path}") from None
+    key = (st.st_size, st.st_mtime_ns)
+    with _cache_lock:
+        cached = _cache.get(path)
+    if cached is None or cached[0] != key:
+        try:
+            value: ModelFileInfo | Exception = _read(GGUFFile(path), st.st_size)
+        except ModelFileNotFound:
+            raise FileNotFoundError(f"model file not found: {path}") from None
+        except Exception as exc:  # not a GGUF, truncated ...: remembered, not re-parsed
+            value = ValueError(f"cannot read {path}: {exc}")
+        with _cache_lock:
+            _cache[path] = (key, value)
+        cached = (key, value)
+    if isinstance(cached[1], Exception):
+        raise cached[1]
+    return cached[1]
+
+
+def _read(gf, size: int) -> ModelFileInfo:
+    def arch_int(key: str, default: int = 0) -> int:
+        value = gf.arch_value(key, default)
+        return int(value[0] if isinstance(value, list) else value)  # per-layer lists
+
+    n_head = arch_int("attention.head_count", 1) or 1
+    head_dim = arch_int("attention.key_length") or arch_int("embedding_length") // n_head
+    return ModelFileInfo(
+        path=str(gf.path),
+        size_bytes=size,
+        architecture=gf.architecture,
+        quantization=_quantization(gf),
+        n_params=gf.n_params,
+        context_length=arch_int("context_length"),
+        n_layer=arch_int("block_count"),
+        n_kv_head=arch_int("attention.head_count_kv") or n_head,
+        head_dim=head_dim,
+    )
+
+
+def _quantization(gf) -> str:
+    """general.file_type's name (Q4_1, Q4_K_M ...), else the type holding most weights."""
+    import gguf
+
+    file_type = gf.metadata.get("general.file_type")
+    if file_type is not None:
+        try:
+            return gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        except ValueError:
+            pass
+    counts: dict[str, int] = {}
+    for t in gf.tensors.values():
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
+    return max(counts, key=counts.__getitem__) if counts else "unknown"

@@ -1,0 +1,103 @@
+"""Graceful shutdown: on SIGTERM stop admitting, let in-flight generations finish, exit 0.
+
+Daphne runs on Twisted, whose own SIGTERM handler stops the reactor at once, and Daphne
+then cancels every open request: a stream in progress is cut off mid-answer. `install()`
+(called from pantheon_site.asgi) replaces that handler once the reactor runs:
+
+1. the first SIGTERM starts draining: new completions get 503 `server_shutting_down`
+   with `Retry-After: 1`, every model stops admitting, and queued and running
+   generations go on;
+2. once nothing is in flight (or PANTHEON_DRAIN_TIMEOUT seconds have passed) the reactor
+   stops after a short grace for the last bytes to leave, and Daphne exits with status 0;
+3. a second SIGTERM stops at once (Daphne cancels what is still open).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+
+log = logging.getLogger("pantheon.shutdown")
+
+FLUSH_GRACE_S = 0.5  # after the last generation ends, for its final SSE chunks to be sent
+
+_draining = threading.Event()
+
+
+def draining() -> bool:
+    return _draining.is_set()
+
+
+def begin_drain() -> None:
+    """Refuse new generations from now on (views and every loaded model)."""
+    _draining.set()
+    for svc in _services():
+        svc.begin_drain()
+
+
+def in_flight() -> int:
+    """Requests admitted and not finished, over every live model (unloading ones too)."""
+    return sum(svc.in_flight for svc in _services())
+
+
+def _services() -> list:
+    from inference.runtime import runtime
+
+    if hasattr(runtime, "instances"):  # the registry: unloading instances included
+        found = [info.svc for info in runtime.instances()]
+    else:
+        found = list(runtime.services().values())
+    return list({id(svc): svc for svc in found}.values())
+
+
+def wait_drained(timeout: float, poll: float = 0.05) -> bool:
+    """Block until no generation is in flight; False if `timeout` passed first."""
+    deadline = time.monotonic() + timeout
+    while in_flight() > 0:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+def install() -> None:
+    """Take over SIGTERM once Daphne's reactor runs (no-op outside Daphne/Twisted)."""
+    if "twisted.internet.reactor" not in sys.modules:
+        return  # not under Daphne: importing the reactor here would install the wrong one
+    from twisted.internet import reactor
+
+    reactor.callWhenRunning(_take_sigterm, reactor)
+
+
+def _take_sigterm(reactor) -> None:
+    # Runs after Twisted installed its own handlers (they are set during startup).
+    signal.signal(signal.SIGTERM, lambda signum, frame: _on_sigterm(reactor))
+
+
+def _on_sigterm(reactor) -> None:
+    # A signal handler interrupts the main thread anywhere, maybe inside a lock (the
+    # runtime's, logging's): set the flag the views read, and do the rest on a thread.
+    if draining():
+        reactor.callFromThread(reactor.stop)
+        return
+    _draining.set()
+    threading.Thread(
+        target=_drain_then_stop, args=(reactor,), name="pantheon-drain", daemon=True
+    ).start()
+
+
+def _drain_then_stop(reactor) -> None:
+    from django.conf import settings
+
+    timeout = float(getattr(settings, "PANTHEON_DRAIN_TIMEOUT", 30))
+    begin_drain()
+    log.warning("SIGTERM: draining %d in-flight requests (up to %.0f s)", in_flight(), timeout)
+    if wait_drained(timeout):
+        log.warning("drained; exiting")
+    else:
+        log.warning("drain timeout: exiting with %d requests in flight", in_flight())
+    time.sleep(FLUSH_GRACE_S)
+    reactor.callFromThread(reactor.stop)

@@ -1,0 +1,70 @@
+"""JSON rows for the operator routes and the console: live instances and dies."""
+
+from __future__ import annotations
+
+import kernels
+from inference.runtime import InstanceInfo, Runtime
+
+
+def model_row(info: InstanceInfo) -> dict:
+    """The /admin/models row (also the load response). `max_concurrent` and
+    `context_window` are what the engine serves; the *_configured twins what was asked."""
+    svc, spec = info.svc, info.spec
+    memory = svc.memory_bytes
+    row = {
+        "id": info.name,
+        "object": "model",
+        "status": "unloading" if info.draining else "loaded",
+        "path": svc.path,
+        "architecture": svc.architecture,
+        "weights_version": svc.weights_version,
+        "created": svc.created,
+        "loaded_at": int(info.loaded_at),
+        "dies": list(spec.dies),
+        # The numpy engine holds everything in host memory; vram_bytes is the contract's.
+        "vram_bytes": memory if svc.on_accelerator else 0,
+        "host_bytes": 0 if svc.on_accelerator else memory,
+        "max_sessions": svc.max_sessions,
+        "max_concurrent": svc.max_concurrent,
+        "max_concurrent_configured": svc.max_concurrent_configured,
+        "reasoning_budget": spec.reasoning_budget,
+        "quantize": spec.quantize,
+        "pinned": info.pinned,
+        "in_flight": svc.in_flight,
+        "aliases": list(info.aliases),
+    }
+    if svc.context_window:  # omitted when unknown, never 0 (the contract)
+        row["context_window"] = svc.context_window
+        row["context_window_configured"] = info.context_window_configured
+    return row
+
+
+def dies_listing(rt: Runtime) -> dict:
+    """GET /admin/dies. This engine binds no model to a die, so each die is unoccupied."""
+    n_dies = kernels.dies_visible()
+    data = []
+    for die in range(n_dies):
+        budget, used = _vram(die)
+        data.append(
+            {
+                "die": die,
+                "card": die,
+                "model": "",
+                "n_models": 0,
+                "vram_budget": budget,
+                "vram_used": used,
+            }
+        )
+    return {"object": "list", "n_dies": n_dies, "data": data}
+
+
+def _vram(die: int) -> tuple[int, int]:
+    """(total, used) bytes of one CUDA device, or zeros when it cannot be asked."""
+    try:
+        import cupy
+
+        with cupy.cuda.Device(die):
+            free, total = cupy.cuda.runtime.memGetInfo()
+        return int(total), int(total - free)
+    except Exception:
+        return 0, 0

@@ -1,0 +1,106 @@
+"""Request validation for the operator routes: JSON in, runtime.LoadSpec out.
+
+Strict about JSON types (the client routes' fields): "4" is not a number here either.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rest_framework import serializers
+
+from inference.errors import invalid_request
+from inference.runtime import MAX_DIES, LoadSpec, default_options
+from inference.serializers import StrictBooleanField, StrictCharField, StrictIntegerField
+
+NAME_MAX = 200  # operators.models: the served name's column
+
+
+def json_object(raw: bytes) -> dict:
+    """The request body as a JSON object; the Content-Type is not checked (curl -d works)."""
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid_request(f"malformed JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid_request("the body must be a JSON object")
+    return body
+
+
+def validated(serializer_class, raw: bytes) -> dict:
+    serializer = serializer_class(data=json_object(raw))
+    serializer.is_valid(raise_exception=True)  # DRF's ValidationError -> 400 (inference.errors)
+    return serializer.validated_data
+
+
+def _option(max_value: int):
+    return StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=max_value)
+
+
+class NameField(StrictCharField):
+    def __init__(self, **kwargs):
+        super().__init__(max_length=NAME_MAX, trim_whitespace=True, **kwargs)
+
+
+class LoadRequest(serializers.Serializer):
+    """POST /admin/models/load."""
+
+    path = StrictCharField(max_length=4096)
+    name = NameField(required=False, allow_null=True, allow_blank=True)
+    dies = serializers.ListField(
+        child=StrictIntegerField(min_value=0),
+        required=False,
+        allow_null=True,
+        max_length=MAX_DIES,
+        error_messages={"max_length": f"too many dies: at most {MAX_DIES}"},
+    )
+    quantize = StrictBooleanField(required=False, allow_null=True)
+    ctx_cap = _option(1 << 24)
+    max_sessions = _option(1024)
+    max_concurrent = _option(1024)
+    reasoning_budget = _option(1 << 24)
+    pinned = StrictBooleanField(required=False, allow_null=True)
+
+
+def load_spec(data: dict) -> LoadSpec:
+    """A LoadSpec from validated fields: 0 or absent options take the server's defaults,
+    a missing name is the file name without `.gguf`."""
+    from pathlib import Path
+
+    defaults = default_options()
+    name = data.get("name") or Path(data["path"]).name.removesuffix(".gguf")
+    return LoadSpec(
+        name=name,
+        path=data["path"],
+        dies=tuple(data.get("dies") or ()),
+        quantize=bool(data.get("quantize")),
+        pinned=bool(data.get("pinned")),
+        **{key: data.get(key) or defaults[key] for key in defaults},
+    )
+
+
+class NameRequest(serializers.Serializer):
+    """POST /admin/models/unload."""
+
+    name = NameField()
+
+
+class PinRequest(serializers.Serializer):
+    name = NameField()
+    pinned = StrictBooleanField()
+
+
+class AliasRequest(serializers.Serializer):
+    """POST /admin/aliases. `model` is accepted for `target` (the Lemonade spelling)."""
+
+    alias = NameField()
+    target = NameField(required=False)
+    model = NameField(required=False)
+
+    def validate(self, attrs):
+        attrs["target"] = attrs.get("target") or attrs.get("model")
+        if not attrs["target"]:
+            raise serializers.ValidationError({"target": "This field is required."})
+        return attrs

@@ -1,0 +1,160 @@
+"""Operator routes under /admin/...: load, unload, pin, aliases, the live instances, the
+dies and the model files an operator may load.
+
+Sync views on purpose: under ASGI Django runs each one in its own worker thread, so a
+load (seconds) or an unload waiting for a generation to finish never blocks the event
+loop that streams completions. Validate, call the runtime, render.
+"""
+
+from __future__ import annotations
+
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from inference import runtime as registry
+from inference.errors import ApiError
+from inference.runtime import (
+    Conflict,
+    InsufficientMemory,
+    InvalidOption,
+    NotFound,
+    OperationFailed,
+    OperatorError,
+    PathNotAllowed,
+)
+from operators import files
+from operators.rows import dies_listing, model_row
+from operators.serializers import (
+    AliasRequest,
+    LoadRequest,
+    NameRequest,
+    PinRequest,
+    load_spec,
+    validated,
+)
+
+_STATUS = {
+    InvalidOption: 400,
+    PathNotAllowed: 403,
+    NotFound: 404,
+    Conflict: 409,
+    InsufficientMemory: 507,
+    OperationFailed: 500,
+}
+
+
+def refused(exc: OperatorError, type_: str, *, not_found_type: str | None = None) -> ApiError:
+    """The contract's status for a runtime refusal; the route names the error type."""
+    status = next(code for cls, code in _STATUS.items() if isinstance(exc, cls))
+    if status == 404 and not_found_type:
+        type_ = not_found_type
+    return ApiError(status, str(exc), type_)
+
+
+def live():
+    """The process-wide registry, looked up per call so tests can put in their own."""
+    return registry.runtime
+
+
+class AdminModelsView(APIView):
+    """GET /admin/models: one row per live instance, with the operator-only fields."""
+
+    def get(self, request):
+        return Response({"object": "list", "data": [model_row(i) for i in live().instances()]})
+
+
+class LoadView(APIView):
+    """POST /admin/models/load. Loads run one at a time: a second waits for the first."""
+
+    def post(self, request):
+        spec = load_spec(validated(LoadRequest, request.body))
+        try:
+            info = live().load(spec)
+        except OperatorError as exc:
+            raise refused(exc, "load_failed") from None
+        return Response(model_row(info))
+
+
+class UnloadView(APIView):
+    """POST /admin/models/unload: answers once in-flight generations have finished."""
+
+    def post(self, request):
+        name = validated(NameRequest, request.body)["name"]
+        try:
+            result = live().unload(name)
+        except OperatorError as exc:
+            raise refused(exc, "unload_failed") from None
+        body = {"unloaded": result.name, "drained": result.drained}
+        if not result.drained:
+            body["in_flight"] = result.in_flight
+        return Response(body)
+
+
+class PinView(APIView):
+    """POST /admin/models/pin {"name", "pinned"}: pinned models are never evicted."""
+
+    def post(self, request):
+        data = validated(PinRequest, request.body)
+        try:
+            info = live().set_pinned(data["name"], data["pinned"])
+        except OperatorError as exc:
+            raise refused(exc, "pin_failed", not_found_type="model_not_found") from None
+        return Response({"name": info.name, "pinned": info.pinned})
+
+
+class AliasesView(APIView):
+    """GET /admin/aliases, POST /admin/aliases {"alias", "target"}."""
+
+    def get(self, request):
+        return Response({"object": "list", "data": _alias_rows()})
+
+    def post(self, request):
+        data = validated(AliasRequest, request.body)
+        try:
+            live().set_alias(data["alias"], data["target"])
+        except OperatorError as exc:
+            type_ = "alias_conflict" if isinstance(exc, Conflict) else "invalid_alias"
+            raise refused(exc, type_) from None
+        return Response({"alias": data["alias"], "target": data["target"]})
+
+
+class AliasView(APIView):
+    """DELETE /admin/aliases/{alias}."""
+
+    def delete(self, request, alias: str):
+        try:
+            live().delete_alias(alias)
+        except OperatorError as exc:
+            raise refused(exc, "alias_not_found") from None
+        return Response({"deleted": alias})
+
+
+def _alias_rows() -> list[dict]:
+    rt = live()
+    served = rt.services()
+    rows = []
+    for alias, target in sorted(rt.aliases().items()):
+        resolves_to = rt.follow(alias)
+        rows.append(
+            {
+                "alias": alias,
+                "target": target,
+                "resolves_to": resolves_to,
+                "loaded": resolves_to in served,
+            }
+        )
+    return rows
+
+
+class DiesView(APIView):
+    """GET /admin/dies: empty with n_dies 0 on a host without accelerator dies."""
+
+    def get(self, request):
+        return Response(dies_listing(live()))
+
+
+class AvailableView(APIView):
+    """GET /admin/models/available: the GGUF files under PANTHEON_MODEL_DIRS."""
+
+    def get(self, request):
+        return Response({"object": "list", "data": files.available_models(live())})
