@@ -37,7 +37,8 @@ def models() -> dict[str, Path]:
 
 def timed_load(name: str, path: Path, cache_dir: Path) -> tuple[float, bool]:
     t0 = time.perf_counter()
-    svc = ModelService.load(ModelConfig(name=name, path=str(path), weight_cache_dir=str(cache_dir)))
+    config = ModelConfig(name=name, path=str(path), weight_cache_dir=str(cache_dir))
+    svc = ModelService.load(config)
     seconds = time.perf_counter() - t0
     used = svc.weight_cache_used
     svc.close()

@@ -117,26 +117,10 @@ def _read(gf, size: int) -> ModelFileInfo:
         path=str(gf.path),
         size_bytes=size,
         architecture=gf.architecture,
-        quantization=_quantization(gf),
+        quantization=gf.quantization,
         n_params=gf.n_params,
         context_length=arch_int("context_length"),
         n_layer=arch_int("block_count"),
         n_kv_head=arch_int("attention.head_count_kv") or n_head,
         head_dim=head_dim,
     )
-
-
-def _quantization(gf) -> str:
-    """general.file_type's name (Q4_1, Q4_K_M ...), else the type holding most weights."""
-    import gguf
-
-    file_type = gf.metadata.get("general.file_type")
-    if file_type is not None:
-        try:
-            return gguf.LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
-        except ValueError:
-            pass
-    counts: dict[str, int] = {}
-    for t in gf.tensors.values():
-        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + int(t.n_elements)
-    return max(counts, key=counts.__getitem__) if counts else "unknown"

@@ -364,10 +364,8 @@ class Runtime:
                 except OperationFailed:
                     svc.close()
                     raise
-                # The engine's own resolution (cap, default, trained length) is the truth.
-                window = (
-                    getattr(svc, "context_window_configured", 0) or spec.ctx_cap or info.context(0)
-                )
+                # What the operator asked for (the contract's *_configured), else the default.
+                window = spec.ctx_cap or info.context(0)
                 with self._lock:
                     self._instances[spec.name] = _Instance(
                         spec, svc, spec.pinned, time.time(), next(self._ticks), window
@@ -627,7 +625,7 @@ class Runtime:
             spec = LoadSpec.from_config(replace(config, name=name, path=str(svc.path)))
         else:  # routing tests register stand-ins
             spec = LoadSpec(name=name, path="")
-        window = getattr(svc, "context_window_configured", 0) or spec.ctx_cap
+        window = spec.ctx_cap or getattr(svc, "context_window_configured", 0)
         with self._lock:
             self._instances[name] = _Instance(
                 spec, svc, False, time.time(), next(self._ticks), window

@@ -17,6 +17,7 @@ def model_row(info: InstanceInfo) -> dict:
         "status": "unloading" if info.draining else "loaded",
         "path": svc.path,
         "architecture": svc.architecture,
+        "quantization": svc.quantization,
         "weights_version": svc.weights_version,
         "created": svc.created,
         "loaded_at": int(info.loaded_at),
@@ -32,6 +33,9 @@ def model_row(info: InstanceInfo) -> dict:
         "pinned": info.pinned,
         "in_flight": svc.in_flight,
         "aliases": list(info.aliases),
+        # How the last load went: seconds, and whether the weight cache served it.
+        "load_seconds": svc.load_seconds,
+        "weight_cache_used": svc.weight_cache_used,
     }
     if svc.context_window:  # omitted when unknown, never 0 (the contract)
         row["context_window"] = svc.context_window

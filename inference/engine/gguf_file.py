@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.quants import dequantize
 
 from .types import ModelLoadError
@@ -25,6 +25,15 @@ log = logging.getLogger("pantheon.engine.gguf")
 
 GGUF_MAGIC = b"GGUF"
 _HASH_CHUNK = 8 << 20
+
+
+def file_weights_version(path: str | os.PathLike) -> str:
+    """Content hash of a file (sha256, first 16 hex digits): same bytes, same version."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 class ModelFileNotFound(ModelLoadError, FileNotFoundError):
@@ -51,14 +60,19 @@ class GGUFFile:
     `header` (from `header()` of an earlier open of the same bytes) skips the parse.
     """
 
-    def __init__(self, path: str | os.PathLike, header: dict | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        header: dict | None = None,
+        weights_version: str | None = None,
+    ):
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelFileNotFound(f"model file not found: {self.path}")
         with open(self.path, "rb") as f:
             if f.read(4) != GGUF_MAGIC:
                 raise NotAGGUFFile(f"not a GGUF file (bad magic): {self.path}")
-        self._weights_version: str | None = None
+        self._weights_version = weights_version  # the caller hashed these bytes already
         if header is None:
             self.reader  # noqa: B018  (parse now: a damaged file is refused at open)
             self.metadata = self._read_metadata()
@@ -131,12 +145,22 @@ class GGUFFile:
     def weights_version(self) -> str:
         """Content hash of the file (sha256, first 16 hex digits): same bytes, same version."""
         if self._weights_version is None:
-            h = hashlib.sha256()
-            with open(self.path, "rb") as f:
-                while chunk := f.read(_HASH_CHUNK):
-                    h.update(chunk)
-            self._weights_version = h.hexdigest()[:16]
+            self._weights_version = file_weights_version(self.path)
         return self._weights_version
+
+    @property
+    def quantization(self) -> str:
+        """general.file_type's name (Q4_1, Q4_K_M ...), else the type holding most weights."""
+        file_type = self.metadata.get("general.file_type")
+        if file_type is not None:
+            try:
+                return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+            except ValueError:
+                pass
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + t.n_elements
+        return max(counts, key=counts.__getitem__) if counts else "unknown"
 
     @property
     def n_params(self) -> int:

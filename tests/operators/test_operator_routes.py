@@ -55,6 +55,22 @@ def test_a_load_answers_with_the_operator_row(api, rt, model_dir):
     assert [(m["id"], m["max_concurrent"]) for m in listed] == [("chat", served.max_concurrent)]
 
 
+def test_a_reload_comes_from_the_weight_cache_and_the_row_says_so(
+    api, rt, model_dir, settings, tmp_path
+):
+    settings.PANTHEON_ENGINE_OPTIONS = {
+        **settings.PANTHEON_ENGINE_OPTIONS,
+        "weight_cache_dir": str(tmp_path / "weight-cache"),
+    }
+    first = load(api, name="chat").json()
+    assert first["quantization"] == "F32" and first["architecture"] == "llama"
+    assert first["load_seconds"] > 0 and first["weight_cache_used"] is False
+    assert api.post(UNLOAD, {"name": "chat"}).status_code == 200
+    second = load(api, name="chat").json()
+    assert second["weight_cache_used"] is True
+    assert second["weights_version"] == first["weights_version"]
+
+
 def test_defaults_name_the_model_after_its_file_and_clamp_the_window(api, rt, model_dir):
     row = load(api, ctx_cap=100_000).json()
     assert row["id"] == "tiny"

@@ -7,6 +7,10 @@ import pkgutil
 
 from ..types import ModelLoadError
 
+# Bump when any architecture changes the tensors it prepares at load (fusing, layout): the
+# weight cache keys on it, so older cached files are rebuilt rather than misread.
+WEIGHT_LAYOUT_VERSION = 1
+
 
 def supported_architectures() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))

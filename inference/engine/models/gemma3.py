@@ -158,8 +158,5 @@ class Gemma3Model:
         return logits if all_logits else logits[0]
 
 
-LAYOUT_VERSION = 1  # bump when the prepared tensors change shape or meaning
-
-
 def load(gf: GGUFFile, progress=None, cache: WeightCache | None = None) -> Gemma3Model:
     return Gemma3Model(gf, TensorSource(gf, progress, cache))

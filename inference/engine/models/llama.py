@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +14,8 @@ from kernels import numpy_backend as ops
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..types import ModelLoadError
+from ..weight_cache import WeightCache
+from ._common import TensorSource
 
 log = logging.getLogger("pantheon.engine.llama")
 
@@ -74,48 +76,31 @@ class Layer:
 class LlamaModel:
     """Weights dequantised to float32 once at load; forward() runs on a KV-cache slot."""
 
-    def __init__(self, gf: GGUFFile, progress: Callable[[int, int], None] | None = None):
+    def __init__(self, gf: GGUFFile, source: TensorSource):
         self.hp = hp = HParams.from_gguf(gf)
         if hp.rope_dim != hp.head_dim:
             raise ModelLoadError(
                 f"partial RoPE (dim {hp.rope_dim} of {hp.head_dim}) is not supported"
             )
-        n_total = len(gf.tensors)
-        done = 0
-
-        def load(name: str) -> np.ndarray:
-            nonlocal done
-            if not gf.has_tensor(name):
-                raise ModelLoadError(f"tensor {name!r} missing from {gf.path.name}")
-            arr = gf.load_f32(name)
-            done += 1
-            if progress is not None:
-                progress(done, n_total)
-            return arr
-
+        load = source.get
         self.tok_embd = load("token_embd.weight")  # (V, D)
         self.layers: list[Layer] = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
-            q, k, v = (
-                load(p + "attn_q.weight"),
-                load(p + "attn_k.weight"),
-                load(p + "attn_v.weight"),
-            )
-            gate, up = load(p + "ffn_gate.weight"), load(p + "ffn_up.weight")
             self.layers.append(
                 Layer(
                     attn_norm=load(p + "attn_norm.weight"),
-                    attn_qkv=np.concatenate([q, k, v], axis=0),
+                    attn_qkv=source.fused([p + f"attn_{x}.weight" for x in "qkv"]),
                     attn_output=load(p + "attn_output.weight"),
                     ffn_norm=load(p + "ffn_norm.weight"),
-                    ffn_gate_up=np.concatenate([gate, up], axis=0),
+                    ffn_gate_up=source.fused([p + "ffn_gate.weight", p + "ffn_up.weight"]),
                     ffn_down=load(p + "ffn_down.weight"),
                 )
             )
         self.output_norm = load("output_norm.weight")
         # Tied embeddings: no output.weight in the file means logits use token_embd.
-        self.output = load("output.weight") if gf.has_tensor("output.weight") else self.tok_embd
+        output = load("output.weight", optional=True)
+        self.output = self.tok_embd if output is None else output
         self.output_chunks = ops.row_chunks(self.output)
         self.rope_cos, self.rope_sin = ops.rope_tables(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
 
@@ -229,9 +214,9 @@ class LlamaModel:
         return ops.linear_rows(x, self.output, self.output_chunks)  # (B, V)
 
 
-def load(gf: GGUFFile, progress: Callable[[int, int], None] | None = None) -> LlamaModel:
+def load(gf: GGUFFile, progress=None, cache: WeightCache | None = None) -> LlamaModel:
     t0 = time.perf_counter()
-    model = LlamaModel(gf, progress)
+    model = LlamaModel(gf, TensorSource(gf, progress, cache))
     log.info(
         "llama weights ready in %.2f s (%.0f MB float32)",
         time.perf_counter() - t0,

@@ -112,8 +112,5 @@ class Qwen2Model:
         return logits if all_logits else logits[0]
 
 
-LAYOUT_VERSION = 1  # bump when the prepared tensors change shape or meaning
-
-
 def load(gf: GGUFFile, progress=None, cache: WeightCache | None = None) -> Qwen2Model:
     return Qwen2Model(gf, TensorSource(gf, progress, cache))
