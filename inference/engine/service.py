@@ -57,6 +57,26 @@ from .weight_cache import WeightCache
 log = logging.getLogger("pantheon.engine.service")
 
 
+HEADER_DOCUMENT = "gguf-header"
+
+
+def _cache_key(version: str) -> str:
+    return f"{version}-L{WEIGHT_LAYOUT_VERSION}"
+
+
+def peek_gguf(path: str, weight_cache_dir: str = "") -> GGUFFile:
+    """A GGUF's metadata and tensor index without loading it: from the weight cache when it
+    holds these bytes' parsed header (no GGUFReader parse), else parsed. Writes nothing."""
+    if weight_cache_dir and Path(path).is_file():
+        version = file_weights_version(path)
+        header = WeightCache(Path(weight_cache_dir), _cache_key(version), 0).read_json(
+            HEADER_DOCUMENT
+        )
+        if isinstance(header, dict):
+            return GGUFFile(path, header, weights_version=version)
+    return GGUFFile(path)
+
+
 def _open_gguf(config: ModelConfig) -> tuple[GGUFFile, WeightCache | None]:
     """The GGUF with its header parsed once (from the weight cache when that holds these
     bytes' header), and the cache entry for these bytes (None without a cache dir)."""
@@ -67,7 +87,7 @@ def _open_gguf(config: ModelConfig) -> tuple[GGUFFile, WeightCache | None]:
     version = file_weights_version(config.path)
     cache = WeightCache(
         Path(config.weight_cache_dir),
-        f"{version}-L{WEIGHT_LAYOUT_VERSION}",
+        _cache_key(version),
         config.weight_cache_max_bytes,
     )
     parsed: list[GGUFFile] = []
@@ -76,7 +96,7 @@ def _open_gguf(config: ModelConfig) -> tuple[GGUFFile, WeightCache | None]:
         parsed.append(GGUFFile(config.path, weights_version=version))
         return parsed[0].header()
 
-    header = cache.get_json("gguf-header", parse)
+    header = cache.get_json(HEADER_DOCUMENT, parse)
     gf = parsed[0] if parsed else GGUFFile(config.path, header, weights_version=version)
     return gf, cache
 

@@ -92,6 +92,19 @@ class WeightCache:
         self._stage(name, array)
         return array
 
+    def read_json(self, name: str) -> object | None:
+        """A cached JSON document if present and intact, else None; writes nothing."""
+        entry = self._documents.get(name)
+        if entry is None:
+            return None
+        try:
+            raw = (self.dir / entry["file"]).read_bytes()
+        except (OSError, KeyError):
+            return None
+        if hashlib.sha256(raw).hexdigest() != entry.get("sha256"):
+            return None
+        return json.loads(raw)
+
     def get_json(self, name: str, build: Callable[[], object]) -> object:
         """A JSON document (a dict or list) cached beside the tensors."""
         entry = self._documents.get(name)

@@ -75,3 +75,20 @@ def test_other_bytes_get_their_own_cache_entry(tmp_path):
         assert not svc.weight_cache_used
         svc.close()
     assert len([p for p in cache_dir.iterdir() if p.is_dir()]) == 2
+
+
+def test_peeking_at_a_loaded_file_uses_the_cached_header(tmp_path, monkeypatch):
+    from inference.engine import gguf_file
+    from inference.engine.service import peek_gguf
+
+    path = write_tiny_llama(tmp_path / "m.gguf")
+    cache_dir = tmp_path / "cache"
+    load(path, cache_dir).close()
+    parsed = []
+    real_reader = gguf_file.GGUFReader
+    monkeypatch.setattr(gguf_file, "GGUFReader", lambda *a: parsed.append(a) or real_reader(*a))
+    peeked = peek_gguf(str(path), str(cache_dir))
+    assert parsed == []  # no parse: the header came from the cache
+    assert peeked.architecture == "llama" and peeked.quantization == "F32"
+    assert peek_gguf(str(path), "").n_params == peeked.n_params
+    assert len(parsed) == 1  # without a cache it parses
