@@ -9,8 +9,28 @@ import numpy as np
 from kernels import numpy_backend as ops
 
 from ..gguf_file import GGUFFile
+from ..kv_cache import KVCache
 from ..types import ModelLoadError
 from ..weight_cache import WeightCache
+
+
+class DecoderWeights:
+    """What every decoder model shares around its weights: `tok_embd`, `output` (maybe the
+    same array, tied), `output_norm`, `layers` of array fields, and `hp` with n_layer,
+    n_kv_head and head_dim."""
+
+    @property
+    def weight_bytes(self) -> int:
+        arrays = [self.tok_embd, self.output_norm]
+        if self.output is not self.tok_embd:
+            arrays.append(self.output)
+        for layer in self.layers:
+            arrays += [a for a in vars(layer).values() if isinstance(a, np.ndarray)]
+        return int(sum(a.nbytes for a in arrays))
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
+        hp = self.hp
+        return KVCache(hp.n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
 
 
 class TensorSource:

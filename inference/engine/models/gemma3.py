@@ -19,7 +19,7 @@ from kernels import numpy_backend as ops
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..weight_cache import WeightCache
-from ._common import TensorSource, attend
+from ._common import DecoderWeights, TensorSource, attend
 
 SWA_PATTERN = 6  # layer i is global when (i + 1) % 6 == 0, as llama.cpp sets for gemma3
 LOCAL_ROPE_BASE = 10000.0
@@ -77,7 +77,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x**3)))
 
 
-class Gemma3Model:
+class Gemma3Model(DecoderWeights):
     def __init__(self, gf: GGUFFile, source: TensorSource):
         self.hp = hp = HParams.from_gguf(gf)
         load = source.get
@@ -107,18 +107,6 @@ class Gemma3Model:
         self.rope_global = ops.rope_tables(hp.n_ctx_train, hp.head_dim, hp.rope_base)
         self.rope_local = ops.rope_tables(hp.n_ctx_train, hp.head_dim, LOCAL_ROPE_BASE)
         self.embed_scale = np.float32(np.sqrt(hp.d_model))
-
-    @property
-    def weight_bytes(self) -> int:
-        arrays = [self.tok_embd, self.output_norm]
-        arrays += [] if self.output is self.tok_embd else [self.output]
-        for layer in self.layers:
-            arrays += list(vars(layer).values())
-        return int(sum(a.nbytes for a in arrays))
-
-    def make_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
-        hp = self.hp
-        return KVCache(hp.n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
 
     def forward(self, tokens, start: int, kv: KVCache, slot: int, all_logits: bool = False):
         hp = self.hp

@@ -15,7 +15,7 @@ from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..types import ModelLoadError
 from ..weight_cache import WeightCache
-from ._common import TensorSource
+from ._common import DecoderWeights, TensorSource
 
 log = logging.getLogger("pantheon.engine.llama")
 
@@ -73,7 +73,7 @@ class Layer:
             self.chunks[name] = ops.row_chunks(getattr(self, name))
 
 
-class LlamaModel:
+class LlamaModel(DecoderWeights):
     """Weights dequantised to float32 once at load; forward() runs on a KV-cache slot."""
 
     def __init__(self, gf: GGUFFile, source: TensorSource):
@@ -103,19 +103,6 @@ class LlamaModel:
         self.output = self.tok_embd if output is None else output
         self.output_chunks = ops.row_chunks(self.output)
         self.rope_cos, self.rope_sin = ops.rope_tables(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
-
-    @property
-    def weight_bytes(self) -> int:
-        arrays = [self.tok_embd, self.output_norm]
-        if self.output is not self.tok_embd:
-            arrays.append(self.output)
-        for layer in self.layers:
-            arrays += [a for a in vars(layer).values() if isinstance(a, np.ndarray)]
-        return int(sum(a.nbytes for a in arrays))
-
-    def make_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
-        hp = self.hp
-        return KVCache(hp.n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
 
     def forward(
         self, tokens: np.ndarray, start: int, kv: KVCache, slot: int, all_logits: bool = False

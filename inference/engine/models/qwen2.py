@@ -15,7 +15,7 @@ from kernels import numpy_backend as ops
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..weight_cache import WeightCache
-from ._common import TensorSource, attend
+from ._common import DecoderWeights, TensorSource, attend
 from .llama import HParams
 
 
@@ -32,7 +32,7 @@ class Layer:
     attn_k_norm: np.ndarray | None = None
 
 
-class Qwen2Model:
+class Qwen2Model(DecoderWeights):
     def __init__(self, gf: GGUFFile, source: TensorSource):
         self.hp = hp = HParams.from_gguf(gf)
         load = source.get
@@ -62,18 +62,6 @@ class Qwen2Model:
         output = load("output.weight", optional=True)
         self.output = self.tok_embd if output is None else output  # tied when absent
         self.rope_cos, self.rope_sin = ops.rope_tables(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
-
-    @property
-    def weight_bytes(self) -> int:
-        arrays = [self.tok_embd, self.output_norm]
-        arrays += [] if self.output is self.tok_embd else [self.output]
-        for layer in self.layers:
-            arrays += [a for a in vars(layer).values() if a is not None]
-        return int(sum(a.nbytes for a in arrays))
-
-    def make_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
-        hp = self.hp
-        return KVCache(hp.n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
 
     def forward(self, tokens, start: int, kv: KVCache, slot: int, all_logits: bool = False):
         hp = self.hp
