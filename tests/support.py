@@ -13,3 +13,21 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("PANTHEON_TESTS_STRICT") == "1":
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
+
+
+def asgi_scope(method: str, path: str) -> dict:
+    """The HTTP scope Daphne hands Django's ASGI handler for a JSON request to `path`."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }

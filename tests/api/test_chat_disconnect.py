@@ -11,7 +11,8 @@ import json
 import time
 
 import pytest
-from conftest import CHAT, AsgiCall
+
+from tests.api.helpers import CHAT, AsgiCall
 
 pytestmark = pytest.mark.anyio
 

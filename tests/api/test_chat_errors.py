@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import HELLO, read_stream
 
 from inference.engine.types import (
     ContextOverBudget,
@@ -14,6 +13,7 @@ from inference.engine.types import (
     Usage,
 )
 from inference.serializers import ChatCompletionRequest, resolve_max_tokens
+from tests.api.helpers import HELLO, read_stream
 
 pytestmark = pytest.mark.anyio
 

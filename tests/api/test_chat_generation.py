@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import HELLO, read_stream
+
+from tests.api.helpers import HELLO, read_stream
 
 pytestmark = pytest.mark.anyio
 

@@ -8,10 +8,10 @@ import json
 import threading
 
 import pytest
-from conftest import CHAT, HELLO, AsgiCall, read_stream
 
 from inference import shutdown
 from inference.engine.types import ModelConfig, ServerBusy, ServerMemoryConstrained
+from tests.api.helpers import CHAT, HELLO, AsgiCall, read_stream
 
 pytestmark = pytest.mark.anyio
 

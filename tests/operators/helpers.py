@@ -8,6 +8,8 @@ import json
 
 from django.test import Client
 
+from tests.support import asgi_scope
+
 
 class FakeService:
     """Stands in for a loaded ModelService where only bookkeeping matters: a test sets
@@ -78,20 +80,7 @@ class AsgiRequest:
 
     def __init__(self, app, method: str, path: str, body: bytes = b""):
         self.app = app
-        self.scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
-            "client": ("127.0.0.1", 50000),
-            "server": ("testserver", 80),
-        }
+        self.scope = asgi_scope(method, path)
         self.body = body
         self.status: int | None = None
         self.chunks: list[bytes] = []
