@@ -16,11 +16,17 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from inference.engine.types import (
+    BadSessionBlob,
     ContextOverBudget,
     GenerationFailed,
     ServerBusy,
     ServerMemoryConstrained,
     ServerShuttingDown,
+    SessionBusy,
+    SessionCapacity,
+    SessionNotFound,
+    WatchUnavailable,
+    WeightsVersionMismatch,
 )
 from inference.runtime import ModelNotFound, NoModelsLoaded
 
@@ -124,7 +130,24 @@ def api_error_from(exc: Exception, *, stream: bool = False) -> ApiError:
         return ApiError(404, str(exc), "model_not_found")
     if isinstance(exc, GenerationFailed):
         return ApiError(500, f"generation failed: {exc}", "server_error")
+    session_error = _SESSION_ERRORS.get(type(exc))
+    if session_error is not None:
+        status, type_ = session_error
+        headers = _retry_after(exc.retry_after) if isinstance(exc, SessionCapacity) else None
+        if isinstance(exc, SessionBusy):
+            headers = _retry_after(1)
+        return ApiError(status, str(exc), type_, headers=headers)
     return server_error()
+
+
+_SESSION_ERRORS = {
+    SessionCapacity: (429, "model_at_session_capacity"),
+    SessionNotFound: (404, "session_not_found"),
+    SessionBusy: (429, "session_busy"),
+    BadSessionBlob: (400, "bad_session_blob"),
+    WeightsVersionMismatch: (409, "weights_version_mismatch"),
+    WatchUnavailable: (503, "watch_unavailable"),
+}
 
 
 # --- DRF ----------------------------------------------------------------------------

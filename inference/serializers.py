@@ -91,6 +91,24 @@ class ChatCompletionRequest(serializers.Serializer):
     n = StrictIntegerField(required=False, allow_null=True, min_value=1)
     stream = StrictBooleanField(required=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
+    session_id = StrictCharField(required=False, allow_null=True, max_length=256)
+    prompt_cache_key = StrictCharField(required=False, allow_null=True, max_length=256)
+    promptCacheKey = StrictCharField(required=False, allow_null=True, max_length=256)  # noqa: N815
+
+    def session_key(self, header: str | None) -> str | None:
+        """The session id: `session_id`, `prompt_cache_key`, `promptCacheKey`, then the
+        X-Session-Id header (the contract's order); None when none is given (or blank)."""
+        data = self.validated_data
+        for value in (
+            data.get("session_id"),
+            data.get("prompt_cache_key"),
+            data.get("promptCacheKey"),
+            header,
+        ):
+            if value:
+                return value
+        return None
 
     def sampling_params(self) -> SamplingParams:
         data = self.validated_data

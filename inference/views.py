@@ -120,6 +120,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             prompt_ids=tuple(prompt_ids),
             params=chat.sampling_params(),
             n=chat.n_choices,
+            session_id=chat.session_key(request.headers.get("X-Session-Id")),
         )
         if stream:
             return await _stream(svc.generate(gen_request), completion, chat.wants_usage)
@@ -176,7 +177,7 @@ class _Completion:
 
 
 def usage_json(usage: Usage) -> dict:
-    return {
+    body = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
@@ -184,6 +185,9 @@ def usage_json(usage: Usage) -> dict:
         "kv_used": usage.kv_used,
         "kv_cap": usage.kv_cap,
     }
+    if usage.session_conflict:
+        body["session_conflict"] = True
+    return body
 
 
 def request_usage(finishes: dict[int, FinishEvent]) -> dict:
@@ -197,6 +201,7 @@ def request_usage(finishes: dict[int, FinishEvent]) -> dict:
             cached_tokens=first.cached_tokens,
             kv_used=first.kv_used,
             kv_cap=max(f.usage.kv_cap for f in finishes.values()),
+            session_conflict=first.session_conflict,
         )
     )
 

@@ -46,6 +46,26 @@ class KVCache:
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
         self._high_water[dst] = max(self._high_water[dst], n)
 
+    def load(self, slot: int, k: np.ndarray, v: np.ndarray, n: int) -> None:
+        """Positions 0 .. n of parked KV (n_layer, n_kv_head, >= n, head_dim) into `slot`
+        (a session's turn resuming from its cached prefix)."""
+        self.k[:, slot, :, :n] = k[:, :, :n]
+        self.v[:, slot, :, :n] = v[:, :, :n]
+        self._high_water[slot] = max(self._high_water[slot], n)
+
+    def save(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of positions 0 .. n of `slot`: (n_layer, n_kv_head, n, head_dim) each."""
+        return (
+            np.ascontiguousarray(self.k[:, slot, :, :n]),
+            np.ascontiguousarray(self.v[:, slot, :, :n]),
+        )
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        """(n_layer, n_kv_head, head_dim): what a parked conversation's arrays must match."""
+        n_layer, _, n_kv_head, _, head_dim = self.k.shape
+        return n_layer, n_kv_head, head_dim
+
     def release(self, slot: int) -> int:
         """Give a free slot's written pages back to the OS; returns the bytes released.
 

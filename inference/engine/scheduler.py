@@ -16,6 +16,9 @@ The rules:
 - On the prompt's last chunk its KV is copied to the other choices' slots and every
   choice samples its first token from the last position's logits.
 - A finished or cancelled sequence frees its slot at once, for the next `schedule()`.
+- A group may resume from a cached prefix (a session's earlier turns): between `admit()`
+  and `plan()` the engine copies that KV into the group's first slot and calls
+  `resume()`; its prefill then starts after the cached tokens.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Started:
 
     group_id: int
     seq_ids: tuple[int, ...]
+    slots: tuple[int, ...] = ()  # seq_ids[i] decodes in slots[i]
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,11 @@ class Finished:
     kv_cap: int
     choices: int
     group_done: bool  # the group's last sequence: the request is over
+    cached_tokens: int = 0  # prompt tokens resumed from a cache rather than computed
+    # Positions of the sequence's slot whose KV is written (the prompt and every output
+    # token fed back; not the last sampled one unless it was the end of turn).
+    kv_written: int = 0
+    slot: int = -1  # the slot it decoded in, free now (its KV intact until reused)
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,7 @@ class _Group:
     enqueued_at: float
     seqs: list[_Seq] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens whose KV is written (on seqs[0]'s slot)
+    cached: int = 0  # of those, resumed from a cache (resume())
 
     @property
     def prompt_done(self) -> bool:
@@ -209,7 +219,25 @@ class Scheduler:
     def schedule(self) -> Batch:
         """Admit what fits, then one step's work: prefill chunks within the token budget and
         one decode row per running sequence."""
-        started = self._admit()
+        return self.plan(self.admit())
+
+    def admit(self) -> list[Started]:
+        """Move the queued groups that fit now into slots (the head of the queue first)."""
+        return self._admit()
+
+    def resume(self, group_id: int, cached: int) -> bool:
+        """A group just admitted starts with its prompt's first `cached` tokens already in
+        its first slot's KV (at most all but one: the last prompt token gives the logits).
+        False if the group is gone (cancelled meanwhile)."""
+        group = self._running.get(group_id)
+        if group is None or group.prefilled:
+            return False
+        group.cached = group.prefilled = max(0, min(cached, len(group.prompt) - 1))
+        return True
+
+    def plan(self, started: list[Started] | tuple[Started, ...] = ()) -> Batch:
+        """One step's work for the running groups: prefill chunks within the token budget
+        and one decode row per running sequence."""
         budget = self.prefill_chunk
         chunks: list[PrefillChunk] = []
         decode: list[DecodeRow] = []
@@ -256,7 +284,7 @@ class Scheduler:
                 continue
             token = int(sampled[seq_id])
             if token in self.end_ids:
-                events.append(self._finish(seq, FINISH_STOP))
+                events.append(self._finish(seq, FINISH_STOP, fed_last=True))
                 continue
             seq.n_out += 1
             seq.last_token = token
@@ -380,14 +408,23 @@ class Scheduler:
                 group.seqs.append(seq)
                 self._seqs[seq.seq_id] = seq
             self._running[group.group_id] = group
-            started.append(Started(group.group_id, tuple(q.seq_id for q in group.seqs)))
+            started.append(
+                Started(
+                    group.group_id,
+                    tuple(q.seq_id for q in group.seqs),
+                    tuple(q.slot for q in group.seqs),
+                )
+            )
         return started
 
     def _position(self, seq: _Seq) -> int:
         """Where the sequence's next decoded token (its last sampled one) goes in the KV."""
         return len(seq.group.prompt) + seq.n_out - 1
 
-    def _finish(self, seq: _Seq, reason: str) -> Finished:
+    def _finish(self, seq: _Seq, reason: str, fed_last: bool = False) -> Finished:
+        """`fed_last`: the sequence's last output token was fed back (it ended on an end
+        of turn sampled after it), so its KV is written too."""
+        slot = seq.slot
         seq.done = True
         self._release(seq)
         group = seq.group
@@ -406,6 +443,9 @@ class Scheduler:
             kv_cap=self.context_window,
             choices=group.n,
             group_done=done,
+            cached_tokens=group.cached,
+            kv_written=len(group.prompt) + max(0, seq.n_out - (0 if fed_last else 1)),
+            slot=slot,
         )
 
     def _release(self, seq: _Seq) -> None:

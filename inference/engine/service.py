@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .chat_template import ChatTemplate, normalize_messages
@@ -35,7 +35,12 @@ from .scheduler import (
     Refused,
     Sampled,
     Scheduler,
+    Started,
 )
+from .session_blob import KVLayout, SessionSnapshot
+from .session_blob import decode as decode_blob
+from .session_blob import encode as encode_blob
+from .sessions import Conversation, Resume, SessionInfo, SessionTable
 from .stop_strings import StopStringBuffer
 from .tokenizer import Tokenizer, spm_merges_of
 from .types import (
@@ -45,10 +50,12 @@ from .types import (
     GenerationFailed,
     GenerationRequest,
     ModelConfig,
+    BadSessionBlob,
     ModelLoadError,
     ServerBusy,
     ServerMemoryConstrained,
     ServerShuttingDown,
+    SessionCapacity,
     TokenEvent,
     Usage,
 )
@@ -105,6 +112,8 @@ DEFAULT_CTX_CAP = 8192
 MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the ladder
 IDLE_WAIT_S = 0.25  # an idle engine thread still wakes this often (queue timeouts, ladder)
 MAX_RETRY_AFTER_S = 30
+SESSION_REAP_S = 1.0  # how often the engine thread drops idle sessions
+FALLBACK_PREFILL_TOK_PER_S = 100.0  # estimates before a prefill rate is measured
 
 
 @dataclass(eq=False)
@@ -115,6 +124,7 @@ class _Request:
     emit: Callable[[object], None]
     group_id: int = 0
     closed: bool = False  # its client is gone (or it failed): drop its events
+    resume: Resume = Resume()  # where its prompt resumed from (session turns)
 
 
 @dataclass(eq=False)
@@ -127,6 +137,19 @@ class _Choice:
     detok: object
     stops: StopStringBuffer
     stopped: bool = False
+    token_ids: list[int] = field(default_factory=list)  # sampled output, end of turn excluded
+
+
+@dataclass(frozen=True)
+class ExportedSession:
+    session_id: str
+    weights_version: str
+    tokens: tuple[int, ...]
+    blob: bytes
+
+    @property
+    def n_tok(self) -> int:
+        return len(self.tokens)
 
 
 @dataclass
@@ -179,6 +202,13 @@ class ModelService:
             end_ids=tokenizer.end_of_turn_ids,
         )
         self.runner = Runner(model, self.kv)
+        self.sessions = SessionTable(
+            config.max_sessions,
+            idle_ttl_s=config.session_idle_ttl_s,
+            watch_grace_s=config.session_watch_grace_s,
+            max_watches=config.max_watches,
+        )
+        self._last_reap = 0.0
         self._lock = threading.Lock()  # guards scheduler and _requests
         self._requests: dict[int, _Request] = {}
         self._choices: dict[int, _Choice] = {}  # engine thread only
@@ -309,10 +339,15 @@ class ModelService:
 
         req.emit = emit
         n = max(1, min(request.n, MAX_CHOICES))
+        session_id = request.session_id if self.sessions.enabled else None
+        if session_id is not None:
+            self._begin_session_turn(session_id, len(request.prompt_ids))
         with self._lock:
             try:
                 req.group_id = self.scheduler.add(request.prompt_ids, n, request.params.max_tokens)
             except QueueFull as exc:
+                if session_id is not None:
+                    self.sessions.end_turn(session_id)
                 retry = self._retry_after_locked()
                 if self.ladder.level == CRITICAL:
                     raise ServerMemoryConstrained(
@@ -339,6 +374,21 @@ class ModelService:
                     self.scheduler.cancel(req.group_id)
                     self._requests.pop(req.group_id, None)
                 self._wake.set()
+            if session_id is not None:
+                self.sessions.end_turn(session_id)
+
+    def _begin_session_turn(self, session_id: str, n_prompt: int) -> None:
+        try:
+            self.sessions.begin_turn(session_id)
+        except SessionCapacity as exc:
+            rate = self.stats.prefill_tok_per_s or FALLBACK_PREFILL_TOK_PER_S
+            raise SessionCapacity(
+                f"model {self.name!r}: {exc}; release one (POST /session/release) or retry "
+                f"in {SessionCapacity.retry_after} s. Served without a session, this "
+                f"{n_prompt}-token prompt would re-prefill in about {n_prompt / rate:.1f} s "
+                f"({rate:.0f} tokens/s"
+                f"{' measured' if self.stats.prefill_tok_per_s else ', not yet measured'})."
+            ) from None
 
     def _admissible(self, n_prompt: int) -> None:
         if self._draining:
@@ -383,6 +433,58 @@ class ModelService:
         self._ladder_moved = True
         self._wake.set()
 
+    # ---- sessions (any thread) ----
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        n_layer, n_kv_head, head_dim = self.kv.layout
+        return KVLayout(self.architecture, self.weights_version, n_layer, n_kv_head, head_dim)
+
+    def export_session(self, session_id: str) -> ExportedSession:
+        """The id's most recently used conversation as a portable blob (session_blob.py).
+        Raises SessionNotFound, SessionBusy (a turn in flight)."""
+        conv = self.sessions.latest(session_id)
+        blob = encode_blob(
+            SessionSnapshot(
+                self.kv_layout, conv.tokens, conv.k, conv.v, session_id, created=time.time()
+            )
+        )
+        return ExportedSession(session_id, self.weights_version, conv.tokens, blob)
+
+    def restore_session(self, session_id: str, blob: bytes, tokens: list[int] | None) -> int:
+        """Install an exported conversation under `session_id`; returns its token count.
+
+        Everything is checked before the table is touched: the blob itself (BadSessionBlob),
+        the weights (WeightsVersionMismatch), the tokens sent with it, the window; then
+        the table refuses a new id when full (SessionCapacity) or a busy one (SessionBusy).
+        `tokens` None: take the blob's own (a spill file restored at start)."""
+        snap = decode_blob(blob, self.kv_layout)
+        if tokens is not None and tuple(tokens) != snap.tokens:
+            raise BadSessionBlob(
+                f"`tokens` ({len(tokens)}) are not the history the blob covers "
+                f"({snap.n_tok} tokens): send back the tokens the export returned"
+            )
+        if snap.n_tok > self.context_window_configured:
+            raise BadSessionBlob(
+                f"the blob holds {snap.n_tok} tokens; this model's context window is "
+                f"{self.context_window_configured}"
+            )
+        self.sessions.install(session_id, Conversation(snap.tokens, snap.k, snap.v))
+        return snap.n_tok
+
+    def release_session(self, session_id: str) -> bool:
+        """Free every conversation of the id now (idempotent); False if it held none."""
+        return self.sessions.release(session_id)
+
+    def session_info(self) -> list[SessionInfo]:
+        return self.sessions.info()
+
+    def estimate_prefill_s(self, tokens: int) -> tuple[float, float, bool]:
+        """(seconds to prefill `tokens` cold, the rate used, whether it was measured)."""
+        measured = self.stats.prefill_tok_per_s
+        rate = measured or FALLBACK_PREFILL_TOK_PER_S
+        return tokens / rate, rate, bool(measured)
+
     def begin_drain(self) -> None:
         """Admit nothing new (ServerShuttingDown); queued and running requests finish."""
         self._draining = True
@@ -407,11 +509,18 @@ class ModelService:
     def _step(self) -> None:
         """One iteration: admit, schedule, run, deliver (or wait when there is no work)."""
         self._poll_memory()
+        self._reap_sessions()
         with self._lock:
             refused = self.scheduler.expire()
-            batch = self.scheduler.schedule()
+            started = self.scheduler.admit()
+            self._start(started)
+            resuming = [(s, self._requests.get(s.group_id)) for s in started]
+        resumed = self._load_session_prefixes(resuming)  # KV copies, outside the lock
+        with self._lock:
+            for group_id, cached in resumed:
+                self.scheduler.resume(group_id, cached)
+            batch = self.scheduler.plan(started)
             freed = self.scheduler.pop_freed_slots()
-            self._start(batch)
         for slot in freed:  # only this thread assigns slots: they stay free meanwhile
             self.kv.release(slot)
         self._deliver(refused)
@@ -432,9 +541,9 @@ class ModelService:
         self._deliver(events)
         self._forget_closed()
 
-    def _start(self, batch: Batch) -> None:
+    def _start(self, started_groups: list[Started]) -> None:
         """Output state for the groups this step admitted (under the lock)."""
-        for started in batch.started:
+        for started in started_groups:
             req = self._requests.get(started.group_id)
             if req is None:
                 continue
@@ -449,6 +558,43 @@ class ModelService:
                     stops=StopStringBuffer(params.stop),
                 )
 
+    def _load_session_prefixes(self, resuming) -> list[tuple[int, int]]:
+        """Session turns just admitted: copy the KV of the conversation each prompt
+        continues into its first slot. Returns (group id, cached tokens) to resume."""
+        resumed = []
+        for started, req in resuming:
+            sid = req.request.session_id if req is not None else None
+            if sid is None or not self.sessions.enabled:
+                continue
+            req.resume = self.sessions.match(sid, req.request.prompt_ids)
+            conv, cached = req.resume.conversation, req.resume.cached
+            if conv is not None and cached > 0:
+                self.kv.load(started.slots[0], conv.k, conv.v, cached)
+                resumed.append((started.group_id, cached))
+        return resumed
+
+    def _park_session(self, ch: _Choice, event: Finished) -> bool:
+        """Choice 0 of a session turn ended: keep its slot's KV (still intact: the slot is
+        reused only at the next step) as the session's newest conversation. Returns the
+        session_conflict flag."""
+        request = ch.req.request
+        if ch.index != 0 or request.session_id is None or not self.sessions.enabled:
+            return False
+        n_out = event.kv_written - len(request.prompt_ids)
+        tokens = (*request.prompt_ids, *ch.token_ids[:n_out])
+        if n_out < 0 or len(tokens) != event.kv_written or event.slot < 0:
+            return False
+        k, v = self.kv.save(event.slot, event.kv_written)
+        return self.sessions.park(request.session_id, Conversation(tokens, k, v), ch.req.resume)
+
+    def _reap_sessions(self) -> None:
+        now = time.monotonic()
+        if now - self._last_reap < SESSION_REAP_S:
+            return
+        self._last_reap = now
+        for sid in self.sessions.reap():
+            log.info("%s: session %s dropped (idle)", self.name, _short(sid))
+
     def _deliver(self, events: list) -> None:
         for event in events:
             if isinstance(event, Sampled):
@@ -462,6 +608,7 @@ class ModelService:
         ch = self._choices.get(event.seq_id)
         if ch is None or ch.stopped or ch.req.closed:
             return
+        ch.token_ids.append(event.token_id)
         text = ch.stops.push(ch.detok.push(event.token_id))
         if text:
             ch.req.emit(TokenEvent(text=text, token_ids=(event.token_id,), index=ch.index))
@@ -482,6 +629,7 @@ class ModelService:
         ch = self._choices.pop(event.seq_id, None)
         if ch is None or ch.req.closed:
             return
+        conflict = self._park_session(ch, event)
         reason = event.reason
         if ch.stopped:
             reason = FINISH_STOP
@@ -492,9 +640,10 @@ class ModelService:
         usage = Usage(
             prompt_tokens=event.prompt_tokens,
             completion_tokens=event.completion_tokens,
-            cached_tokens=0,
+            cached_tokens=event.cached_tokens,
             kv_used=event.kv_used,
             kv_cap=event.kv_cap,
+            session_conflict=conflict,
         )
         ch.req.emit(
             FinishEvent(finish_reason=reason, usage=usage, index=ch.index, choices=event.choices)
@@ -581,3 +730,8 @@ class ModelService:
             self.stats.decode_tok_per_s = t.decode_rows / t.decode_s
             prev = self.stats.decode_step_s
             self.stats.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s
+
+
+def _short(session_id: str) -> str:
+    """A session id for the log: its first characters only (ids may be secrets)."""
+    return session_id[:6] + "…" if len(session_id) > 8 else session_id

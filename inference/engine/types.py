@@ -32,6 +32,11 @@ class ModelConfig:
     # ("" = no cache); least recently used models are evicted past the cap.
     weight_cache_dir: str = ""
     weight_cache_max_bytes: int = 8 << 30
+    # Sessions (prefix cache): an idle session id is dropped after this long; a watched
+    # one once its last watch has been gone this long; at most this many watches held.
+    session_idle_ttl_s: float = 12 * 3600.0
+    session_watch_grace_s: float = 45.0
+    max_watches: int = 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class GenerationRequest:
     # Choices: each a full separate decode sharing the prompt's prefill. Choice i samples
     # with seed + i when a seed is given.
     n: int = 1
+    # Prefix-cache key: the turn resumes from the id's conversation its prompt continues
+    # (delta prefill), and choice 0's state is kept for the next turn.
+    session_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,8 @@ class Usage:
     cached_tokens: int
     kv_used: int
     kv_cap: int
+    # Two conversations of one session id keep displacing each other's cache.
+    session_conflict: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -131,3 +141,32 @@ class GenerationFailed(EngineError):
 
 class ModelLoadError(EngineError):
     pass
+
+
+# --- sessions --------------------------------------------------------------------------
+
+
+class SessionCapacity(EngineError):
+    """A new session id while every one of `max_sessions` holds a live session."""
+
+    retry_after = 30
+
+
+class SessionNotFound(EngineError):
+    pass
+
+
+class SessionBusy(EngineError):
+    """A turn is in flight on that session."""
+
+
+class BadSessionBlob(EngineError):
+    """Not a session blob, corrupt, truncated, or made for another architecture/shape."""
+
+
+class WeightsVersionMismatch(EngineError):
+    """The blob was captured under different weights."""
+
+
+class WatchUnavailable(EngineError):
+    """The watch table is full."""

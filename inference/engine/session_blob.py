@@ -1,0 +1,472 @@
+"""Session blobs: the portable, versioned, self-describing binary form of a conversation's
+KV-cache state. Used by ``POST /admin/session/export`` / ``POST /session/restore`` (as
+base64) and for spilling sessions to disk at shutdown.
+
+Format, version 1
+=================
+
+All integers and floats are little-endian. ``H`` is the header length, ``P`` the size in
+bytes of one KV payload (``n_layer * n_kv_head * n_tok * head_dim * 4``)::
+
+    offset      size      field
+    0           8         magic b"PNKVBLOB"
+    8           4         u32 format version (FORMAT_VERSION = 1)
+    12          4         u32 header length H in bytes; a reader refuses H > 64 MiB
+    16          H         header: a UTF-8 JSON object (below)
+    16+H        P         K: float32, C order, shape (n_layer, n_kv_head, n_tok, head_dim)
+    16+H+P      P         V: float32, same shape and order
+    16+H+2P     32        sha256 of bytes [0, 16+H+2P), i.e. of every preceding byte
+
+The total length is exactly ``16 + H + 2*P + 32``; anything shorter is truncated, anything
+longer carries trailing bytes, and both are refused.
+
+Header keys (all required; unknown keys are ignored so a later writer may add
+informative ones without a version bump):
+
+    "architecture"     str    GGUF ``general.architecture`` of the model, e.g. "llama"
+    "weights_version"  str    the model's weights version (content hash of its GGUF)
+    "kv_dtype"         str    "float32" (the only value version 1 defines)
+    "n_layer"          int    >= 0
+    "n_kv_head"        int    >= 0
+    "head_dim"         int    >= 0
+    "n_tok"            int    >= 1, the number of cached positions
+    "tokens"           list   exactly n_tok ints t with 0 <= t < 2**31: the token ids the
+                              cache covers, in order
+    "session_id"       str or null   informative only (restore names its own session)
+    "created"          number        unix time of the capture (finite)
+
+JSON booleans are not integers here; NaN/Infinity literals and duplicate keys are refused.
+The writer in this module emits compact ASCII JSON and pads it with trailing spaces (still
+valid JSON) so that K starts at a multiple of 64 bytes from the start of the blob; readers
+must not rely on the padding.
+
+The checksum detects corruption and truncation, not tampering: anyone can build a valid
+blob. A restore must still check what the model needs beyond this module's checks (token
+ids below the vocabulary size, n_tok within the context window).
+
+Validation order of :func:`decode` (the HTTP contract depends on it: a blob that is broken
+or does not fit is ``400 bad_session_blob``; only a blob that is intact and fits the model
+but was captured under other weights is ``409 weights_version_mismatch``):
+
+1. structure: empty input, magic, format version, header length limit, the header's bytes
+   all present, header is UTF-8 JSON and an object;
+2. size: the fields the payload size depends on ("kv_dtype" must be "float32"; "n_layer",
+   "n_kv_head", "head_dim", "n_tok" present and non-negative ints, n_tok >= 1), then the
+   total length is exact (truncated / trailing bytes);
+3. checksum;
+4. the remaining header field types;
+5. architecture (vs the model);
+6. KV shape: n_layer, n_kv_head, head_dim (vs the model);
+7. tokens: count == n_tok, each an int in range;
+8. weights_version (vs the model) -> :class:`WeightsVersionMismatch`.
+
+Every other failure raises :class:`BadSessionBlob`. :func:`read_header` runs steps 1-4 and
+7 (everything not compared with a model).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .types import BadSessionBlob, WeightsVersionMismatch
+
+MAGIC = b"PNKVBLOB"
+FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 64 << 20  # 64 MiB
+KV_DTYPE = "float32"
+TOKEN_LIMIT = 1 << 31  # token ids are 0 <= t < 2**31
+
+_PREAMBLE = struct.Struct("<8sII")  # magic, format version, header length
+_DIGEST_BYTES = 32
+_ITEM_BYTES = 4  # float32
+_PAYLOAD_ALIGN = 64
+_LE_F4 = np.dtype("<f4")
+_SIZE_FIELDS = ("n_layer", "n_kv_head", "head_dim", "n_tok")
+_HEADER_KEYS = (
+    "architecture",
+    "weights_version",
+    "kv_dtype",
+    "n_layer",
+    "n_kv_head",
+    "head_dim",
+    "n_tok",
+    "tokens",
+    "session_id",
+    "created",
+)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What a model's KV cache looks like; a blob must match it to be restored."""
+
+    architecture: str
+    weights_version: str
+    n_layer: int
+    n_kv_head: int
+    head_dim: int
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays have no truth value; compare fields
+class SessionSnapshot:
+    """One conversation's cached state: the tokens and their K/V, each
+    (n_layer, n_kv_head, n_tok, head_dim) float32."""
+
+    layout: KVLayout
+    tokens: tuple[int, ...]
+    k: np.ndarray
+    v: np.ndarray
+    session_id: str | None = None
+    created: float = 0.0
+
+    @property
+    def n_tok(self) -> int:
+        return len(self.tokens)
+
+
+# --- encode ----------------------------------------------------------------------------
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _payload(name: str, arr: object, shape: tuple[int, ...]) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"snapshot.{name} must be a numpy array, got {type(arr).__name__}")
+    if arr.dtype.kind != "f" or arr.dtype.itemsize != _ITEM_BYTES:
+        raise ValueError(f"snapshot.{name} must be float32, got {arr.dtype}")
+    if arr.shape != shape:
+        raise ValueError(
+            f"snapshot.{name} has shape {arr.shape}; the layout and tokens need {shape} "
+            "(n_layer, n_kv_head, n_tok, head_dim)"
+        )
+    # Little-endian and C-contiguous; a copy only when the array is not already both.
+    return np.ascontiguousarray(arr, dtype=_LE_F4)
+
+
+def _raw_bytes(arr: np.ndarray) -> memoryview:
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def encode(snapshot: SessionSnapshot) -> bytes:
+    """The blob for `snapshot` (format above).
+
+    Raises ValueError when the snapshot is inconsistent (a programming error): layout
+    fields of the wrong type or negative, no tokens or a token out of range, K/V not
+    float32 or not of shape (n_layer, n_kv_head, len(tokens), head_dim).
+
+    Memory: the result is joined once from the header and views of K and V, hashed
+    incrementally; K/V are copied beforehand only if they are not already C-contiguous
+    little-endian float32.
+    """
+    layout = snapshot.layout
+    if not isinstance(layout, KVLayout):
+        raise ValueError(f"snapshot.layout must be a KVLayout, got {type(layout).__name__}")
+    for name in ("architecture", "weights_version"):
+        if not isinstance(getattr(layout, name), str):
+            raise ValueError(f"layout.{name} must be a str")
+    for name in ("n_layer", "n_kv_head", "head_dim"):
+        value = getattr(layout, name)
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"layout.{name} must be an int >= 0, got {value!r}")
+    tokens = [int(t) if isinstance(t, np.integer) else t for t in snapshot.tokens]
+    if not tokens:
+        raise ValueError("snapshot has no tokens; a blob holds at least one")
+    for i, t in enumerate(tokens):
+        if not _is_int(t) or not 0 <= t < TOKEN_LIMIT:
+            raise ValueError(f"snapshot.tokens[{i}] = {t!r} is not an int in [0, 2**31)")
+    if snapshot.session_id is not None and not isinstance(snapshot.session_id, str):
+        raise ValueError("snapshot.session_id must be a str or None")
+    created = snapshot.created
+    if isinstance(created, bool) or not isinstance(created, int | float | np.floating):
+        raise ValueError(f"snapshot.created must be a number, got {created!r}")
+    created = float(created)
+    if not np.isfinite(created):
+        raise ValueError(f"snapshot.created must be finite, got {created!r}")
+
+    shape = (layout.n_layer, layout.n_kv_head, len(tokens), layout.head_dim)
+    k = _payload("k", snapshot.k, shape)
+    v = _payload("v", snapshot.v, shape)
+
+    header = {
+        "architecture": layout.architecture,
+        "weights_version": layout.weights_version,
+        "kv_dtype": KV_DTYPE,
+        "n_layer": layout.n_layer,
+        "n_kv_head": layout.n_kv_head,
+        "head_dim": layout.head_dim,
+        "n_tok": len(tokens),
+        "tokens": tokens,
+        "session_id": snapshot.session_id,
+        "created": created,
+    }
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    header_bytes = text.encode("ascii")
+    header_bytes += b" " * (-(_PREAMBLE.size + len(header_bytes)) % _PAYLOAD_ALIGN)
+    if len(header_bytes) > MAX_HEADER_BYTES:
+        raise ValueError(
+            f"blob header would be {len(header_bytes)} bytes, over the {MAX_HEADER_BYTES} "
+            "byte limit readers enforce"
+        )
+
+    parts: list[bytes | memoryview] = [
+        _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)),
+        header_bytes,
+        _raw_bytes(k),
+        _raw_bytes(v),
+    ]
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    parts.append(digest.digest())
+    return b"".join(parts)
+
+
+# --- decode ----------------------------------------------------------------------------
+
+
+def _show(value: object, limit: int = 80) -> str:
+    """A header value quoted for an error message, shortened if an attacker made it long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_KINDS = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, with its article, for an error message."""
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _as_bytes_view(blob: bytes | bytearray | memoryview) -> memoryview:
+    mv = memoryview(blob)
+    if not mv.c_contiguous:
+        raise TypeError("session blob buffer must be contiguous")
+    if mv.ndim != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    return mv
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _missing(header: dict, key: str) -> None:
+    if key not in header:
+        raise BadSessionBlob(f"blob header has no {key!r} field")
+
+
+def _parse(mv: memoryview) -> tuple[dict, int]:
+    """Steps 1-4 of the validation order; returns the header and the offset of K."""
+    n = len(mv)
+    if n == 0:
+        raise BadSessionBlob("session blob is empty")
+    head = bytes(mv[: len(MAGIC)])
+    if head != MAGIC[: len(head)]:
+        raise BadSessionBlob(
+            f"not a session blob: expected magic {MAGIC!r}, found {_show(head)} at the start"
+        )
+    if n < _PREAMBLE.size:
+        raise BadSessionBlob(
+            f"blob is truncated: expected at least {_PREAMBLE.size} bytes "
+            f"(magic, version, header length), got {n}"
+        )
+    _, version, header_len = _PREAMBLE.unpack_from(mv, 0)
+    if version != FORMAT_VERSION:
+        raise BadSessionBlob(
+            f"unsupported session blob format version {version}; "
+            f"this server reads version {FORMAT_VERSION}"
+        )
+    if header_len > MAX_HEADER_BYTES:
+        raise BadSessionBlob(
+            f"blob header length {header_len} bytes exceeds the limit of "
+            f"{MAX_HEADER_BYTES} bytes (64 MiB)"
+        )
+    k_offset = _PREAMBLE.size + header_len
+    if n < k_offset:
+        raise BadSessionBlob(
+            f"blob is truncated: expected at least {k_offset + _DIGEST_BYTES} bytes "
+            f"(its header alone is {header_len} bytes), got {n}"
+        )
+    try:
+        text = bytes(mv[_PREAMBLE.size : k_offset]).decode("utf-8")
+        header = json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys
+        )
+    except UnicodeDecodeError as e:
+        raise BadSessionBlob(f"blob header is not UTF-8: {e.reason} at byte {e.start}") from e
+    except (ValueError, RecursionError) as e:
+        raise BadSessionBlob(f"blob header is not valid JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise BadSessionBlob(f"blob header must be a JSON object, found {_kind(header)}")
+
+    # Size: what the payload length depends on.
+    _missing(header, "kv_dtype")
+    if header["kv_dtype"] != KV_DTYPE:
+        raise BadSessionBlob(
+            f"blob KV dtype is {_show(header['kv_dtype'])}; "
+            f"format version {FORMAT_VERSION} holds only {KV_DTYPE!r}"
+        )
+    for key in _SIZE_FIELDS:
+        _missing(header, key)
+        value = header[key]
+        least = 1 if key == "n_tok" else 0
+        if not _is_int(value) or value < least:
+            raise BadSessionBlob(
+                f"blob header field {key!r} must be an integer >= {least}, found {_show(value)}"
+            )
+    payload = (
+        header["n_layer"] * header["n_kv_head"] * header["n_tok"] * header["head_dim"]
+    ) * _ITEM_BYTES
+    expected = k_offset + 2 * payload + _DIGEST_BYTES
+    if n < expected:
+        raise BadSessionBlob(f"blob is truncated: expected {expected} bytes, got {n}")
+    if n > expected:
+        raise BadSessionBlob(
+            f"blob has {n - expected} trailing bytes after its checksum: "
+            f"expected {expected} bytes, got {n}"
+        )
+
+    if hashlib.sha256(mv[: n - _DIGEST_BYTES]).digest() != bytes(mv[n - _DIGEST_BYTES :]):
+        raise BadSessionBlob("blob checksum does not match (corrupt)")
+
+    # The remaining field types.
+    for key in ("architecture", "weights_version"):
+        _missing(header, key)
+        if not isinstance(header[key], str):
+            raise BadSessionBlob(
+                f"blob header field {key!r} must be a string, found {_kind(header[key])}"
+            )
+    _missing(header, "tokens")
+    if not isinstance(header["tokens"], list):
+        raise BadSessionBlob(
+            f"blob header field 'tokens' must be a list, found {_kind(header['tokens'])}"
+        )
+    _missing(header, "session_id")
+    if header["session_id"] is not None and not isinstance(header["session_id"], str):
+        raise BadSessionBlob(
+            "blob header field 'session_id' must be a string or null, "
+            f"found {_kind(header['session_id'])}"
+        )
+    _missing(header, "created")
+    created = header["created"]
+    if isinstance(created, bool) or not isinstance(created, int | float):
+        raise BadSessionBlob(
+            f"blob header field 'created' must be a number, found {_kind(created)}"
+        )
+    try:
+        finite = bool(np.isfinite(float(created)))
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise BadSessionBlob(f"blob header field 'created' must be finite, found {created}")
+    return header, k_offset
+
+
+def _check_tokens(header: dict) -> None:
+    tokens, n_tok = header["tokens"], header["n_tok"]
+    if len(tokens) != n_tok:
+        raise BadSessionBlob(
+            f"blob header lists {len(tokens)} tokens but its KV holds n_tok={n_tok} positions"
+        )
+    for i, t in enumerate(tokens):
+        if not _is_int(t) or not 0 <= t < TOKEN_LIMIT:
+            raise BadSessionBlob(f"blob token {i} is {_show(t)}; expected an integer in [0, 2**31)")
+
+
+def _clean_header(header: dict) -> dict:
+    out = {key: header[key] for key in _HEADER_KEYS}
+    out["created"] = float(out["created"])
+    return out
+
+
+def read_header(blob: bytes | bytearray | memoryview) -> dict:
+    """The validated header of a blob, with no model comparison (for listing spilled
+    sessions): magic, version, lengths, checksum, field types and tokens are checked.
+
+    Returns a new dict with exactly the documented header keys ("created" as a float).
+    Raises BadSessionBlob.
+    """
+    header, _ = _parse(_as_bytes_view(blob))
+    _check_tokens(header)
+    return _clean_header(header)
+
+
+def decode(blob: bytes | bytearray | memoryview, expect: KVLayout) -> SessionSnapshot:
+    """The snapshot in `blob`, checked against the model layout `expect` in the order the
+    module docstring lists. Raises BadSessionBlob, or WeightsVersionMismatch when the
+    blob is intact and fits the model but was captured under other weights.
+
+    Nothing is returned before everything is validated. The returned ``k`` and ``v`` are
+    read-only ``np.frombuffer`` views into `blob` (no copy; they may be unaligned): they
+    keep `blob` alive, see any later change to a mutable `blob` (a bytearray cannot be
+    resized while they exist), and must be copied by a caller that needs its own arrays.
+    """
+    mv = _as_bytes_view(blob)
+    header, k_offset = _parse(mv)
+
+    if header["architecture"] != expect.architecture:
+        raise BadSessionBlob(
+            f"blob is for architecture {_show(header['architecture'])}, "
+            f"this model is {expect.architecture!r}"
+        )
+    got = (header["n_layer"], header["n_kv_head"], header["head_dim"])
+    want = (expect.n_layer, expect.n_kv_head, expect.head_dim)
+    if got != want:
+        raise BadSessionBlob(
+            "blob KV shape ({} layers, {} kv heads, head dim {}) does not fit this model "
+            "({} layers, {} kv heads, head dim {})".format(*got, *want)
+        )
+    _check_tokens(header)
+    if header["weights_version"] != expect.weights_version:
+        raise WeightsVersionMismatch(
+            f"blob was captured under weights {_show(header['weights_version'])}; "
+            f"this model serves {expect.weights_version!r} — replay the conversation instead"
+        )
+
+    n_tok = header["n_tok"]
+    shape = (expect.n_layer, expect.n_kv_head, n_tok, expect.head_dim)
+    count = expect.n_layer * expect.n_kv_head * n_tok * expect.head_dim
+    arrays = []
+    for offset in (k_offset, k_offset + count * _ITEM_BYTES):
+        arr = np.frombuffer(mv, dtype=_LE_F4, count=count, offset=offset).reshape(shape)
+        arr.flags.writeable = False
+        arrays.append(arr)
+    return SessionSnapshot(
+        layout=KVLayout(
+            architecture=header["architecture"],
+            weights_version=header["weights_version"],
+            n_layer=header["n_layer"],
+            n_kv_head=header["n_kv_head"],
+            head_dim=header["head_dim"],
+        ),
+        tokens=tuple(header["tokens"]),
+        k=arrays[0],
+        v=arrays[1],
+        session_id=header["session_id"],
+        created=float(header["created"]),
+    )

@@ -1,0 +1,314 @@
+"""The session table: a model's prefix cache, keyed by session id.
+
+A session id owns up to MAX_CONVERSATIONS conversations (a client may send its title
+request and its real turns under one id). Each conversation is the token history whose
+KV is held, plus that KV: float32 arrays (n_layer, n_kv_head, n_tok, head_dim), parked
+here between turns, off the decode slots. A turn copies the KV of the conversation its
+prompt continues into its slot and prefills only the rest (delta prefill); when the turn
+ends, its slot's KV is copied back out as the id's newest conversation.
+
+Conversations are immutable once parked (a turn replaces one, never edits it), so an
+export can serialize one outside the lock while the engine keeps running.
+
+Residency: `max_sessions` counts ids. A new id while every one is held is refused
+(SessionCapacity); an idle id is dropped after `idle_ttl_s`; an id with a watch held is
+never dropped, and once its last watch is gone it is dropped after `watch_grace_s` unless
+a new watch arrives first.
+
+Matching: a turn resumes from the conversation sharing the longest token prefix with its
+prompt (at least one prompt token is always computed, for the logits). When the turn
+ends, its history replaces that conversation if the shared prefix covered at least half
+of it (the next turn, a regenerated or edited last turn); otherwise it is a different
+conversation and is added, displacing the id's least recently used one when the id holds
+MAX_CONVERSATIONS: such a turn reports `session_conflict`.
+
+Pure bookkeeping plus array references: no model, no KV cache. Thread safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .types import SessionBusy, SessionCapacity, SessionNotFound, WatchUnavailable
+
+MAX_CONVERSATIONS = 4
+
+
+@dataclass(frozen=True, eq=False)
+class Conversation:
+    tokens: tuple[int, ...]
+    k: np.ndarray  # (n_layer, n_kv_head, n_tok, head_dim)
+    v: np.ndarray
+
+    @property
+    def n_tok(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a turn starts: the conversation it continues and how many of its prompt
+    tokens come from that conversation's KV (0: a cold turn)."""
+
+    conversation: Conversation | None = None
+    shared: int = 0  # tokens the prompt shares with the conversation
+    cached: int = 0  # of those, reused (at most len(prompt) - 1)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    conversations: int
+    tokens: int  # held by the most recently used conversation
+    total_tokens: int
+    kv_bytes: int
+    created: float
+    last_used: float
+    in_flight: int
+    watches: int
+
+
+@dataclass(eq=False)
+class _Session:
+    session_id: str
+    created: float
+    last_used: float
+    conversations: list[Conversation] = field(default_factory=list)  # least recent first
+    in_flight: int = 0
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+class SessionTable:
+    def __init__(
+        self,
+        max_sessions: int,
+        *,
+        idle_ttl_s: float = 12 * 3600.0,
+        watch_grace_s: float = 45.0,
+        max_watches: int = 64,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.max_sessions = max_sessions
+        self.idle_ttl_s = idle_ttl_s
+        self.watch_grace_s = watch_grace_s
+        self.max_watches = max_watches
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Session] = {}
+        self._watches: dict[str, int] = {}  # session id -> watches held
+        self._grace: dict[str, float] = {}  # session id -> when its unwatched grace ends
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_sessions > 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def __contains__(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._sessions
+
+    # --- turns ---------------------------------------------------------------------------
+
+    def begin_turn(self, session_id: str) -> None:
+        """A turn of `session_id` is admitted; a new id needs a free session slot."""
+        with self._lock:
+            session = self._sessions.get(session_id) or self._new_locked(session_id)
+            session.in_flight += 1
+            session.last_used = self.clock()
+
+    def end_turn(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.in_flight = max(0, session.in_flight - 1)
+                session.last_used = self.clock()
+
+    def match(self, session_id: str, prompt: Sequence[int]) -> Resume:
+        """The conversation of `session_id` that `prompt` continues furthest."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            conversations = list(session.conversations) if session else []
+        best = Resume()
+        for conv in conversations:
+            shared = shared_prefix(conv.tokens, prompt)
+            if shared > best.shared:
+                best = Resume(conv, shared, min(shared, len(prompt) - 1))
+        return best
+
+    def park(self, session_id: str, conversation: Conversation, resumed: Resume) -> bool:
+        """Keep a finished turn's history as the id's newest conversation. Returns True
+        when that displaced another conversation of the id (a session conflict). An id
+        released while its turn ran is not brought back."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None:
+                return False
+            session.last_used = self.clock()
+            return self._add_locked(session, conversation, resumed)
+
+    # --- operator side -------------------------------------------------------------------
+
+    def latest(self, session_id: str) -> Conversation:
+        """The id's most recently used conversation (what an export takes)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None or not session.conversations:
+                raise SessionNotFound(f"no live session {session_id!r}")
+            if session.in_flight:
+                raise SessionBusy(
+                    f"a turn is in flight on session {session_id!r}; retry after it completes"
+                )
+            return session.conversations[-1]
+
+    def install(self, session_id: str, conversation: Conversation) -> None:
+        """A restored conversation: it replaces the one its tokens continue, else it is
+        added. A new id needs a free session slot."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None and session.in_flight:
+                raise SessionBusy(
+                    f"a turn is in flight on session {session_id!r}; retry after it completes"
+                )
+            if session is None:
+                session = self._new_locked(session_id)
+            session.last_used = self.clock()
+            best = Resume()
+            for conv in session.conversations:
+                shared = shared_prefix(conv.tokens, conversation.tokens)
+                if shared > best.shared:
+                    best = Resume(conv, shared, shared)
+            self._add_locked(session, conversation, best)
+
+    def release(self, session_id: str) -> bool:
+        """Forget every conversation of the id now; False if it held none."""
+        with self._lock:
+            self._grace.pop(session_id, None)
+            return self._sessions.pop(session_id, None) is not None
+
+    def would_admit(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._sessions or len(self._sessions) < self.max_sessions
+
+    # --- watches -------------------------------------------------------------------------
+
+    def watch(self, session_id: str) -> None:
+        """A liveness hold: the id is not dropped while any watch of it is held."""
+        with self._lock:
+            if sum(self._watches.values()) >= self.max_watches:
+                raise WatchUnavailable(
+                    f"the watch table is full ({self.max_watches} watches held)"
+                )
+            self._watches[session_id] = self._watches.get(session_id, 0) + 1
+            self._grace.pop(session_id, None)
+
+    def unwatch(self, session_id: str) -> None:
+        """A watch closed: the id is dropped after the grace unless watched again."""
+        with self._lock:
+            held = self._watches.get(session_id, 0) - 1
+            if held > 0:
+                self._watches[session_id] = held
+                return
+            self._watches.pop(session_id, None)
+            self._grace[session_id] = self.clock() + self.watch_grace_s
+
+    def watches(self, session_id: str) -> int:
+        with self._lock:
+            return self._watches.get(session_id, 0)
+
+    # --- housekeeping ----------------------------------------------------------------------
+
+    def reap(self) -> list[str]:
+        """Drop idle ids (past the TTL, or past the grace after their last watch closed),
+        never one with a turn in flight or a watch held. Returns the dropped ids."""
+        now = self.clock()
+        dropped = []
+        with self._lock:
+            for sid in [s for s, t in self._grace.items() if now >= t]:
+                session = self._sessions.get(sid)
+                if session is not None and session.in_flight:
+                    continue  # released once its turn is over
+                del self._grace[sid]
+                if self._sessions.pop(sid, None) is not None:
+                    dropped.append(sid)
+            for sid, session in list(self._sessions.items()):
+                if session.in_flight or self._watches.get(sid) or sid in self._grace:
+                    continue  # a watch's grace, not the idle TTL, decides for those
+                if now - session.last_used >= self.idle_ttl_s:
+                    del self._sessions[sid]
+                    dropped.append(sid)
+        return dropped
+
+    def info(self) -> list[SessionInfo]:
+        with self._lock:
+            return [self._info_locked(s) for s in self._sessions.values()]
+
+    def conversations(self) -> list[tuple[str, Conversation, float, float]]:
+        """Every (session id, conversation, created, last used), for a spill to disk."""
+        with self._lock:
+            return [
+                (s.session_id, c, s.created, s.last_used)
+                for s in self._sessions.values()
+                for c in s.conversations
+            ]
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _new_locked(self, session_id: str) -> _Session:
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionCapacity(
+                f"all {self.max_sessions} session slots hold live sessions"
+            )
+        now = self.clock()
+        session = _Session(session_id, created=now, last_used=now)
+        self._sessions[session_id] = session
+        return session
+
+    def _add_locked(self, session: _Session, conversation: Conversation, resumed: Resume) -> bool:
+        convs = session.conversations
+        if resumed.conversation is not None and 2 * resumed.shared >= resumed.conversation.n_tok:
+            convs[:] = [c for c in convs if c is not resumed.conversation]
+        # A conversation the new history merely extends holds nothing the new one lacks.
+        convs[:] = [
+            c for c in convs if shared_prefix(c.tokens, conversation.tokens) < c.n_tok
+        ]
+        conflict = False
+        while len(convs) >= MAX_CONVERSATIONS:
+            convs.pop(0)
+            conflict = True
+        convs.append(conversation)
+        return conflict
+
+    def _info_locked(self, s: _Session) -> SessionInfo:
+        return SessionInfo(
+            session_id=s.session_id,
+            conversations=len(s.conversations),
+            tokens=s.conversations[-1].n_tok if s.conversations else 0,
+            total_tokens=sum(c.n_tok for c in s.conversations),
+            kv_bytes=sum(c.nbytes for c in s.conversations),
+            created=s.created,
+            last_used=s.last_used,
+            in_flight=s.in_flight,
+            watches=self._watches.get(s.session_id, 0),
+        )
