@@ -45,12 +45,12 @@ from .stop_strings import StopStringBuffer
 from .tokenizer import Tokenizer, spm_merges_of
 from .types import (
     MAX_CHOICES,
+    BadSessionBlob,
     ContextOverBudget,
     FinishEvent,
     GenerationFailed,
     GenerationRequest,
     ModelConfig,
-    BadSessionBlob,
     ModelLoadError,
     ServerBusy,
     ServerMemoryConstrained,

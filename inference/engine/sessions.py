@@ -217,9 +217,7 @@ class SessionTable:
         """A liveness hold: the id is not dropped while any watch of it is held."""
         with self._lock:
             if sum(self._watches.values()) >= self.max_watches:
-                raise WatchUnavailable(
-                    f"the watch table is full ({self.max_watches} watches held)"
-                )
+                raise WatchUnavailable(f"the watch table is full ({self.max_watches} watches held)")
             self._watches[session_id] = self._watches.get(session_id, 0) + 1
             self._grace.pop(session_id, None)
 
@@ -277,9 +275,7 @@ class SessionTable:
 
     def _new_locked(self, session_id: str) -> _Session:
         if len(self._sessions) >= self.max_sessions:
-            raise SessionCapacity(
-                f"all {self.max_sessions} session slots hold live sessions"
-            )
+            raise SessionCapacity(f"all {self.max_sessions} session slots hold live sessions")
         now = self.clock()
         session = _Session(session_id, created=now, last_used=now)
         self._sessions[session_id] = session
@@ -290,9 +286,7 @@ class SessionTable:
         if resumed.conversation is not None and 2 * resumed.shared >= resumed.conversation.n_tok:
             convs[:] = [c for c in convs if c is not resumed.conversation]
         # A conversation the new history merely extends holds nothing the new one lacks.
-        convs[:] = [
-            c for c in convs if shared_prefix(c.tokens, conversation.tokens) < c.n_tok
-        ]
+        convs[:] = [c for c in convs if shared_prefix(c.tokens, conversation.tokens) < c.n_tok]
         conflict = False
         while len(convs) >= MAX_CONVERSATIONS:
             convs.pop(0)
