@@ -70,14 +70,19 @@ def empty_runtime(monkeypatch):
 
     fresh = runtime_module.Runtime()
     monkeypatch.setattr(views, "runtime", fresh)
+    # Views that look the registry up per call (operators, sessions) see it too.
+    monkeypatch.setattr(runtime_module, "runtime", fresh)
     return fresh
 
 
 @pytest.fixture
 def served(empty_runtime, smollm2_service):
-    """A Runtime serving the session's SmolLM2 under its default name."""
+    """A Runtime serving the session's SmolLM2 under its default name. The service is
+    shared by the whole test session: the sessions a test leaves behind are released."""
     empty_runtime.register(SMOLLM2_NAME, smollm2_service)
-    return empty_runtime
+    yield empty_runtime
+    for info in smollm2_service.session_info():
+        smollm2_service.release_session(info.session_id)
 
 
 @pytest.fixture(scope="session", autouse=True)
