@@ -464,6 +464,12 @@ class ModelService:
                 f"`tokens` ({len(tokens)}) are not the history the blob covers "
                 f"({snap.n_tok} tokens): send back the tokens the export returned"
             )
+        too_big = [t for t in snap.tokens if t >= self.tokenizer.vocab_size]
+        if too_big:
+            raise BadSessionBlob(
+                f"the blob's tokens include id {too_big[0]}, outside this model's "
+                f"{self.tokenizer.vocab_size}-token vocabulary"
+            )
         if snap.n_tok > self.context_window_configured:
             raise BadSessionBlob(
                 f"the blob holds {snap.n_tok} tokens; this model's context window is "
