@@ -300,3 +300,68 @@ def test_steps_until_a_slot_frees_bounds_the_wait():
     s.schedule()
     # Two prefill chunks, then up to 10 tokens.
     assert s.steps_until_a_slot_frees() == 12
+
+
+# --- resuming from a cached prefix (sessions) --------------------------------------------
+
+
+def test_a_resumed_group_prefills_after_its_cached_tokens():
+    s = make(chunk=4)
+    g = s.add(tuple(range(1, 11)), max_tokens=3)  # 10 prompt tokens
+    started = s.admit()
+    assert started[0].slots == (0,)
+    assert s.resume(g, 6)
+    batch = s.plan(started)
+    # From 6 to the next chunk boundary (8), then 8..10 the step after.
+    assert [(c.start, len(c.token_ids)) for c in batch.prefill] == [(6, 2)]
+    s.update(batch, {})
+    batch, events = step(s, token=EOT)
+    assert [(c.start, len(c.token_ids)) for c in batch.prefill] == [(8, 2)]
+    [finished] = of(events, Finished)
+    assert finished.cached_tokens == 6 and finished.prompt_tokens == 10
+
+
+def test_resume_keeps_at_least_one_prompt_token_to_compute():
+    s = make()
+    g = s.add((1, 2, 3), max_tokens=2)
+    started = s.admit()
+    s.resume(g, 3)
+    batch = s.plan(started)
+    assert [(c.start, c.token_ids) for c in batch.prefill] == [(2, (3,))]
+
+
+def test_resume_of_a_cancelled_group_is_refused():
+    s = make()
+    g = s.add((1, 2, 3), max_tokens=2)
+    s.admit()
+    s.cancel(g)
+    assert s.resume(g, 2) is False
+
+
+@pytest.mark.parametrize(
+    ("last", "max_tokens", "reason", "written"),
+    [
+        (EOT, 5, FINISH_STOP, 3 + 2),  # ended on end-of-turn: both outputs were fed back
+        (7, 3, FINISH_LENGTH, 3 + 2),  # cut at 3 outputs: the third never fed back
+    ],
+)
+def test_finished_says_which_positions_hold_kv(last, max_tokens, reason, written):
+    s = make()
+    s.add((1, 2, 3), max_tokens=max_tokens)
+    step(s, token=7)  # prefill + first output
+    step(s, token=7)  # second output
+    _, events = step(s, token=last)
+    [finished] = of(events, Finished)
+    assert finished.reason == reason
+    assert finished.kv_written == written
+    assert finished.slot == 0
+
+
+def test_a_stop_string_finish_does_not_count_the_last_token_as_written():
+    s = make()
+    s.add((1, 2, 3), max_tokens=9)
+    step(s, token=7)
+    _, events = step(s, token=8)
+    seq_id = of(events, Sampled)[0].seq_id
+    finished = s.finish(seq_id)
+    assert finished.kv_written == 3 + 1
