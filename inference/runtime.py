@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -207,10 +207,25 @@ class Runtime:
         self._loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
         self._starting = False
         self._loader: threading.Thread | None = None
+        self._load_hooks: list[Callable[[str, ModelService], None]] = []
+        self._unload_hooks: list[Callable[[str, ModelService], None]] = []
 
     def use_store(self, store: Store) -> None:
         """Persist through `store` from now on (pantheon_site.asgi, before start_loading)."""
         self._store = store
+
+    def add_load_hook(self, fn: Callable[[str, ModelService], None]) -> None:
+        """Call `fn(name, svc)` after every successful load (start-up and operator loads),
+        once the service runs and before it is routable: a hook that restores state (the
+        sessions app's spilled sessions) is done before the first request can arrive. Runs
+        outside the registry lock; an exception is logged and the load still succeeds."""
+        self._load_hooks.append(fn)
+
+    def add_unload_hook(self, fn: Callable[[str, ModelService], None]) -> None:
+        """Call `fn(name, svc)` when an unload or an eviction is about to free a service,
+        after its generations drained (the sessions app spills its sessions, so that the
+        next load of the name restores them). An exception is logged; the unload goes on."""
+        self._unload_hooks.append(fn)
 
     # --- start-up -----------------------------------------------------------------------
 
@@ -364,6 +379,7 @@ class Runtime:
                 except OperationFailed:
                     svc.close()
                     raise
+                self._run_load_hooks(spec.name, svc)
                 # What the operator asked for (the contract's *_configured), else the default.
                 window = spec.ctx_cap or info.context(0)
                 with self._lock:
@@ -382,6 +398,13 @@ class Runtime:
         finally:
             with self._lock:
                 self._loading.discard(spec.name)
+
+    def _run_load_hooks(self, name: str, svc: ModelService) -> None:
+        for fn in list(self._load_hooks):
+            try:
+                fn(name, svc)
+            except Exception:
+                log.exception("a load hook failed for model %s (the model is loaded)", name)
 
     def _open(self, spec: LoadSpec) -> ModelService:
         from inference.engine.gguf_file import ModelFileNotFound
@@ -540,6 +563,11 @@ class Runtime:
             # Tests may serve one service under two names; close it with its last name.
             shared = any(i.svc is instance.svc for i in self._instances.values())
         if not shared:
+            for fn in list(self._unload_hooks):
+                try:
+                    fn(name, instance.svc)
+                except Exception:
+                    log.exception("an unload hook failed for model %s", name)
             instance.svc.close()
         log.info("unloaded %s", name)
 

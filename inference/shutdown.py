@@ -7,8 +7,10 @@ then cancels every open request: a stream in progress is cut off mid-answer. `in
 1. the first SIGTERM starts draining: new completions get 503 `server_shutting_down`
    with `Retry-After: 1`, every model stops admitting, and queued and running
    generations go on;
-2. once nothing is in flight (or PANTHEON_DRAIN_TIMEOUT seconds have passed) the reactor
-   stops after a short grace for the last bytes to leave, and Daphne exits with status 0;
+2. once nothing is in flight (or PANTHEON_DRAIN_TIMEOUT seconds have passed) the
+   before-exit hooks run (`add_before_exit`: live sessions are spilled to disk), then the
+   reactor stops after a short grace for the last bytes to leave, and Daphne exits with
+   status 0;
 3. a second SIGTERM stops at once (Daphne cancels what is still open).
 """
 
@@ -19,12 +21,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("pantheon.shutdown")
 
 FLUSH_GRACE_S = 0.5  # after the last generation ends, for its final SSE chunks to be sent
 
 _draining = threading.Event()
+_before_exit: list[Callable[[], None]] = []
 
 
 def draining() -> bool:
@@ -51,6 +55,20 @@ def _services() -> list:
     else:
         found = list(runtime.services().values())
     return list({id(svc): svc for svc in found}.values())
+
+
+def add_before_exit(fn: Callable[[], None]) -> None:
+    """Call `fn()` once the SIGTERM drain is over, before the reactor stops (the sessions
+    app spills live sessions to disk). An exception is logged; the exit goes on."""
+    _before_exit.append(fn)
+
+
+def _run_before_exit() -> None:
+    for fn in list(_before_exit):
+        try:
+            fn()
+        except Exception:
+            log.exception("a before-exit hook failed")
 
 
 def wait_drained(timeout: float, poll: float = 0.05) -> bool:
@@ -99,5 +117,6 @@ def _drain_then_stop(reactor) -> None:
         log.warning("drained; exiting")
     else:
         log.warning("drain timeout: exiting with %d requests in flight", in_flight())
+    _run_before_exit()
     time.sleep(FLUSH_GRACE_S)
     reactor.callFromThread(reactor.stop)
