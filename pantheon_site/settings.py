@@ -14,6 +14,9 @@ PANTHEON_REASONING_BUDGET  reasoning tokens before the think block is closed (0:
 PANTHEON_MAX_LOADED_MODELS  models loaded at once; one more evicts the least recently used (4)
 PANTHEON_MEMORY_RESERVE_MB  memory a load must leave free, on top of its estimate (256)
 PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
+PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
+PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
+PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
 """
 
 from __future__ import annotations
@@ -221,9 +224,19 @@ PANTHEON_ENGINE_OPTIONS = {
     if env_bool("PANTHEON_WEIGHT_CACHE", True)
     else "",
     "weight_cache_max_bytes": env_int("PANTHEON_WEIGHT_CACHE_MAX_MB", 8192) * 2**20,
+    # Sessions: idle ones are dropped after the TTL; a watched one once its last watch
+    # has been closed for the grace period (GET /session/watch).
+    "session_idle_ttl_s": env_int("PN_SESSION_IDLE_TTL_MS", 43_200_000) / 1000,
+    "session_watch_grace_s": env_int("PN_SESSION_WATCH_GRACE_MS", 45_000) / 1000,
+    "max_watches": env_int("PANTHEON_MAX_WATCHES", 64),
 }
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")
+_SESSION_LIMITS = ("session_idle_ttl_s", "session_watch_grace_s", "max_watches")
+if min(PANTHEON_ENGINE_OPTIONS[key] for key in _SESSION_LIMITS) < 0:
+    raise EnvError(
+        "PN_SESSION_IDLE_TTL_MS, PN_SESSION_WATCH_GRACE_MS and PANTHEON_MAX_WATCHES must be >= 0"
+    )
 # SIGTERM: seconds in-flight generations may take to finish before the server exits.
 PANTHEON_DRAIN_TIMEOUT = float(env_int("PANTHEON_DRAIN_TIMEOUT", 30))
 # Test hooks such as POST /admin/debug/simulate-memory-pressure; off: they answer 404.

@@ -7,6 +7,7 @@ from inference import errors
 urlpatterns = [
     path("", include("inference.urls")),
     path("", include("operators.urls")),  # /admin/... operator routes (the contract)
+    path("", include("sessions.urls")),  # /session/... and /admin/session/export
     # The Django admin lives at /console/: /admin/... belongs to the operator routes.
     path("console/", admin.site.urls),
     path("console", RedirectView.as_view(url="/console/")),

@@ -174,12 +174,12 @@ class SessionTable:
         """The id's most recently used conversation (what an export takes)."""
         with self._lock:
             session = self._sessions.get(session_id)
-            if session is None or not session.conversations:
-                raise SessionNotFound(f"no live session {session_id!r}")
-            if session.in_flight:
+            if session is not None and session.in_flight:
                 raise SessionBusy(
                     f"a turn is in flight on session {session_id!r}; retry after it completes"
                 )
+            if session is None or not session.conversations:
+                raise SessionNotFound(f"no live session {session_id!r}")
             return session.conversations[-1]
 
     def install(self, session_id: str, conversation: Conversation) -> None:

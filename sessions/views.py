@@ -1,0 +1,266 @@
+"""Session routes: POST /admin/session/export, POST /session/restore, POST /session/release,
+GET /session/estimate. (GET /session/watch is a Channels consumer: consumers.py.)
+
+Sync views on purpose: an export encodes, hashes and base64-encodes every KV byte of a
+conversation and a restore decodes and checks them (hundreds of MB for a long session);
+under ASGI Django runs each sync request in its own thread, off the event loop that
+streams completions. Validate, call the model's service, render.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+import math
+import re
+from collections.abc import Callable
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from inference import runtime as registry
+from inference.engine.service import FALLBACK_PREFILL_TOK_PER_S
+from inference.engine.types import BadSessionBlob
+from inference.errors import (
+    ApiError,
+    api_error_from,
+    invalid_request,
+    json_response,
+    method_not_allowed,
+)
+from inference.runtime import ModelNotFound, NoModelsLoaded
+from inference.serializers import parse_json_object
+
+log = logging.getLogger("pantheon.http")
+
+SESSION_ID_MAX = 256  # as the chat route's session_id / prompt_cache_key
+TOKEN_ID_LIMIT = 1 << 31  # token ids are 0 <= t < 2**31 (the blob format's bound)
+ESTIMATE_BYTES_PER_TOKEN = 16 * 1024  # the contract's blob estimate for an unknown model
+ESTIMATE_UPLOAD_BPS = 12.5e6  # the contract's assumed upload rate, bytes/s
+RESTORE_SLACK_BYTES = 1 << 20  # a restore body's JSON and blob header beyond the KV
+ESTIMATE_MAX = (1 << 63) - 1  # bound on `tokens` and `blob_bytes` (keeps the floats finite)
+
+
+def _route(*methods: str) -> Callable:
+    """A JSON route: other methods get 405; every exception leaves as the error shape
+    (an unexpected one as a bare 500, its traceback in the log only)."""
+
+    def wrap(view: Callable[[HttpRequest], HttpResponse]) -> Callable:
+        @csrf_exempt
+        @functools.wraps(view)
+        def route(request: HttpRequest) -> HttpResponse:
+            if request.method not in methods:
+                allowed = [*methods, "OPTIONS"]
+                return method_not_allowed(request.method or "", allowed).response()
+            try:
+                return view(request)
+            except Exception as exc:
+                error = api_error_from(exc)
+                if error.status == 500:
+                    log.error("%s %s failed", request.method, request.path, exc_info=exc)
+                return error.response()
+
+        return route
+
+    return wrap
+
+
+def _live():
+    """The process-wide registry, looked up per call so tests can put in their own."""
+    return registry.runtime
+
+
+def _model_name(value: object) -> str | None:
+    """`name`: absent, null or "" routes to the default model."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise invalid_request("name: expected a string")
+    return value
+
+
+def _session_id(value: object, header: str | None = None) -> str:
+    """The body's `session_id`, else the X-Session-Id header (when the route reads it)."""
+    if value is None or value == "":
+        value = header or None
+    if value is None:
+        where = " (or the X-Session-Id header)" if header is not None else ""
+        raise invalid_request(f"session_id: required{where}")
+    if not isinstance(value, str):
+        raise invalid_request("session_id: expected a non-empty string")
+    if len(value) > SESSION_ID_MAX:
+        raise invalid_request(f"session_id: at most {SESSION_ID_MAX} characters")
+    return value
+
+
+def _caching_service(name: str | None):
+    """(served name, service) for a session route: 404 model_not_found, or 400
+    session_caching_disabled when the model keeps no sessions (max_sessions 0)."""
+    served, svc = _live().resolve(name)
+    if not svc.sessions.enabled:
+        raise ApiError(
+            400,
+            f"model {served!r} has no session cache (max_sessions is 0)",
+            "session_caching_disabled",
+        )
+    return served, svc
+
+
+@_route("POST")
+def export_session(request: HttpRequest) -> HttpResponse:
+    """POST /admin/session/export {"name"?, "session_id"}: the id's most recently used
+    conversation as a base64 blob plus the tokens it covers (send both back to restore).
+    The session id comes from the body only."""
+    body = parse_json_object(request.body)
+    sid = _session_id(body.get("session_id"))
+    _, svc = _caching_service(_model_name(body.get("name")))
+    exported = svc.export_session(sid)
+    return json_response(
+        {
+            "session_id": exported.session_id,
+            "weights_version": exported.weights_version,
+            "n_tok": exported.n_tok,
+            "blob_bytes": len(exported.blob),
+            "blob_b64": base64.b64encode(exported.blob).decode("ascii"),
+            "tokens": list(exported.tokens),
+        }
+    )
+
+
+@_route("POST")
+def restore_session(request: HttpRequest) -> HttpResponse:
+    """POST /session/restore {"name"?, "session_id", "blob" (base64), "tokens"}: install an
+    exported conversation under the session id (a new one or a live one). Everything is
+    checked before the session table is touched: a refused restore changes nothing."""
+    body = parse_json_object(_restore_body(request))
+    sid = _session_id(body.get("session_id"), request.headers.get("X-Session-Id", ""))
+    blob_b64 = body.get("blob")
+    if blob_b64 is None:
+        raise invalid_request("blob: required (the blob_b64 an export returned)")
+    if not isinstance(blob_b64, str):
+        raise invalid_request("blob: expected a base64 string")
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise invalid_request("tokens: required (the tokens an export returned)")
+    if not isinstance(tokens, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < TOKEN_ID_LIMIT for t in tokens
+    ):
+        raise invalid_request("tokens: expected an array of token ids (integers)")
+    _, svc = _caching_service(_model_name(body.get("name")))
+    try:
+        blob = base64.b64decode(blob_b64, validate=True)
+    except ValueError:  # binascii.Error, or a non-ASCII string
+        raise BadSessionBlob("blob: not valid base64") from None
+    n_tok = svc.restore_session(sid, blob, tokens)
+    return json_response({"restored": True, "session_id": sid, "n_tok": n_tok})
+
+
+def _restore_body(request: HttpRequest) -> bytes:
+    """A restore's body, bounded by what a whole context window of the largest served
+    model needs rather than DATA_UPLOAD_MAX_MEMORY_SIZE: the blob is every KV byte of a
+    conversation in base64 (SmolLM2: 60 KiB per token), so a session of a thousand
+    tokens is already past Django's 64 MiB."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is None:
+        return request.read()
+    for svc in _live().services().values():
+        # base64 of the KV, plus each token id twice (the blob's header and `tokens`)
+        per_token = svc.kv.bytes_per_token() * 4 // 3 + 40
+        limit = max(limit, svc.context_window_configured * per_token + RESTORE_SLACK_BYTES)
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise invalid_request(
+            f"request body is over {limit} bytes, more than a blob of a full context "
+            "window of any served model"
+        )
+    return body
+
+
+@_route("POST")
+def release_session(request: HttpRequest) -> HttpResponse:
+    """POST /session/release {"name"?, "session_id"}: free every conversation of the id
+    now. Idempotent: an unknown or already released id is also a 200."""
+    body = parse_json_object(request.body)
+    sid = _session_id(body.get("session_id"), request.headers.get("X-Session-Id", ""))
+    _, svc = _live().resolve(_model_name(body.get("name")))
+    svc.release_session(sid)
+    return json_response({"released": True, "session_id": sid})
+
+
+@_route("GET")
+def estimate_session(request: HttpRequest) -> HttpResponse:
+    """GET /session/estimate?tokens=N[&name=M][&blob_bytes=B][&upload_bps=R]: restoring a
+    session from a blob vs re-prefilling its tokens, by arithmetic only.
+
+    - rate: the model's measured prefill rate (tokens/s), else the engine's fallback
+      (FALLBACK_PREFILL_TOK_PER_S); `prefill_rate_measured` says which.
+    - cold_reprefill_s = tokens / rate
+    - blob_bytes_est = blob_bytes if given, else tokens * the model's KV bytes per token
+      (K and V, float32, every layer: what an export holds) when the model is known,
+      else tokens * 16 KiB (the contract's figure)
+    - warm_restore_s = blob_bytes_est / upload_bps (default 12.5e6 bytes/s)
+
+    An unknown `name` is not an error: `model` is "" and the fallbacks are used. Seconds
+    are rounded to 3 decimals, the rate to 2.
+    """
+    params = request.GET
+    tokens = _positive_int(params, "tokens", required=True)
+    blob_bytes = _positive_int(params, "blob_bytes", required=False)
+    upload_bps = _positive_number(params, "upload_bps") or ESTIMATE_UPLOAD_BPS
+    try:
+        model, svc = _live().resolve(_model_name(params.get("name")))
+    except (ModelNotFound, NoModelsLoaded):
+        model, svc = "", None
+    if svc is not None:
+        cold_s, rate, measured = svc.estimate_prefill_s(tokens)
+        bytes_per_token = svc.kv.bytes_per_token()
+    else:
+        rate, measured = FALLBACK_PREFILL_TOK_PER_S, False
+        cold_s = tokens / rate
+        bytes_per_token = ESTIMATE_BYTES_PER_TOKEN
+    blob_bytes_est = blob_bytes if blob_bytes is not None else tokens * bytes_per_token
+    return json_response(
+        {
+            "model": model,
+            "tokens": tokens,
+            "prefill_tok_per_s": round(rate, 2),
+            "cold_reprefill_s": round(cold_s, 3),
+            "warm_restore_s": round(blob_bytes_est / upload_bps, 3),
+            "blob_bytes_est": blob_bytes_est,
+            "prefill_rate_measured": measured,
+        }
+    )
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _positive_int(params, key: str, *, required: bool) -> int | None:
+    raw = params.get(key)
+    if raw is None:
+        if required:
+            raise invalid_request(f"{key}: required, a positive integer")
+        return None
+    if not _INTEGER.fullmatch(raw):
+        raise invalid_request(f"{key}: expected a positive integer, got {raw[:40]!r}")
+    value = int(raw)
+    if value <= 0:
+        raise invalid_request(f"{key}: must be > 0, got {value}")
+    if value > ESTIMATE_MAX:
+        raise invalid_request(f"{key}: at most {ESTIMATE_MAX}")
+    return value
+
+
+def _positive_number(params, key: str) -> float | None:
+    raw = params.get(key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise invalid_request(f"{key}: expected a positive number, got {raw[:40]!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise invalid_request(f"{key}: must be a finite number > 0, got {raw[:40]!r}")
+    return value
