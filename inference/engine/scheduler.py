@@ -18,7 +18,8 @@ The rules:
 - A finished or cancelled sequence frees its slot at once, for the next `schedule()`.
 - A group may resume from a cached prefix (a session's earlier turns): between `admit()`
   and `plan()` the engine copies that KV into the group's first slot and calls
-  `resume()`; its prefill then starts after the cached tokens.
+  `resume()`; its prefill then starts after the cached tokens, its chunks counted from
+  there.
 """
 
 from __future__ import annotations
@@ -250,7 +251,11 @@ class Scheduler:
                         )
                 continue
             start = group.prefilled
-            end = min(len(group.prompt), (start // self.prefill_chunk + 1) * self.prefill_chunk)
+            # Chunk boundaries sit at fixed offsets from where the prefill began (0, or
+            # after a resumed prefix): the same prompt from the same state is always
+            # computed in the same passes, and a short delta is one pass.
+            base, size = group.cached, self.prefill_chunk
+            end = min(len(group.prompt), base + ((start - base) // size + 1) * size)
             if end - start > budget and chunks:
                 continue  # whole chunks only; the first chunk of a step always runs
             budget -= end - start

@@ -307,18 +307,20 @@ def test_steps_until_a_slot_frees_bounds_the_wait():
 
 def test_a_resumed_group_prefills_after_its_cached_tokens():
     s = make(chunk=4)
-    g = s.add(tuple(range(1, 11)), max_tokens=3)  # 10 prompt tokens
+    g = s.add(tuple(range(1, 13)), max_tokens=3)  # 12 prompt tokens
     started = s.admit()
     assert started[0].slots == (0,)
-    assert s.resume(g, 6)
+    assert s.resume(g, 3)
     batch = s.plan(started)
-    # From 6 to the next chunk boundary (8), then 8..10 the step after.
-    assert [(c.start, len(c.token_ids)) for c in batch.prefill] == [(6, 2)]
+    chunks = [(c.start, len(c.token_ids)) for c in batch.prefill]
     s.update(batch, {})
-    batch, events = step(s, token=EOT)
-    assert [(c.start, len(c.token_ids)) for c in batch.prefill] == [(8, 2)]
+    for _ in range(2):
+        batch, events = step(s, token=EOT)
+        chunks += [(c.start, len(c.token_ids)) for c in batch.prefill]
+    # Counted from the resumed position, whole chunks: 3..7, 7..11, then 11..12.
+    assert chunks == [(3, 4), (7, 4), (11, 1)]
     [finished] = of(events, Finished)
-    assert finished.cached_tokens == 6 and finished.prompt_tokens == 10
+    assert finished.cached_tokens == 3 and finished.prompt_tokens == 12
 
 
 def test_resume_keeps_at_least_one_prompt_token_to_compute():
