@@ -42,6 +42,7 @@ log = logging.getLogger("pantheon.runtime")
 LOADING, LOADED, FAILED, UNLOADING = "loading", "loaded", "failed", "unloading"
 MAX_ALIAS_DEPTH = 10  # links from an alias to a served name (the Lemonade rule)
 MAX_DIES = 8  # the contract's PN_MODEL_MAX_DIES
+MAX_CHAT_TEMPLATE_BYTES = 1 << 20  # a `chat_template` load option, inline or a file
 
 
 class NoModelsLoaded(Exception):
@@ -100,6 +101,8 @@ class LoadSpec:
     dies: tuple[int, ...] = ()
     quantize: bool = False
     pinned: bool = False
+    # As sent: a template's text, or a file in a model folder (read again at each load).
+    chat_template: str = ""
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, **extra) -> LoadSpec:
@@ -110,6 +113,7 @@ class LoadSpec:
             max_sessions=cfg.max_sessions,
             max_concurrent=cfg.max_concurrent,
             reasoning_budget=cfg.reasoning_budget,
+            chat_template=cfg.chat_template,
             **extra,
         )
 
@@ -125,6 +129,7 @@ class LoadSpec:
             max_sessions=self.max_sessions,
             max_concurrent=self.max_concurrent,
             reasoning_budget=self.reasoning_budget,
+            chat_template=resolve_chat_template(self.chat_template),
             **shared,
         )
 
@@ -343,9 +348,11 @@ class Runtime:
                 "omit `quantize` or send false"
             )
         try:
-            return replace(spec, path=str(allowed_model_path(spec.path)))
+            checked = replace(spec, path=str(allowed_model_path(spec.path)))
         except PermissionError as exc:
             raise PathNotAllowed(str(exc)) from None
+        resolve_chat_template(spec.chat_template)  # refuse a bad one before loading
+        return checked
 
     def _check_name_free(self, name: str) -> None:
         """Caller holds _lock."""
@@ -413,8 +420,9 @@ class Runtime:
 
         log.info("loading model %s from %s", spec.name, spec.path)
         started = time.monotonic()
+        config = spec.engine_config()  # a refusal here (chat_template) is the operator's
         try:
-            svc = ModelService.load(spec.engine_config())
+            svc = ModelService.load(config)
         except ModelFileNotFound as exc:
             raise NotFound(str(exc)) from exc
         except ModelLoadError as exc:
@@ -738,6 +746,44 @@ class Runtime:
             self._states.clear()
         for svc in services:
             svc.close()
+
+
+def resolve_chat_template(value: str) -> str:
+    """The text of a `chat_template` load option: the option itself when it is a template
+    ("{%" or "{{" in it), else the file it names inside the model folders. "" stays "".
+    Raises PathNotAllowed, NotFound, or InvalidOption (unreadable, too big, or a template
+    that does not compile)."""
+    from inference.engine.chat_template import ChatTemplate, ChatTemplateError
+
+    if not value:
+        return ""
+    if "{%" in value or "{{" in value:
+        text = value
+        if len(text.encode("utf-8", "replace")) > MAX_CHAT_TEMPLATE_BYTES:
+            raise InvalidOption(f"chat_template: over {MAX_CHAT_TEMPLATE_BYTES} bytes")
+    else:
+        try:
+            path = allowed_model_path(value)
+        except PermissionError as exc:
+            raise PathNotAllowed(f"chat_template: {exc}") from None
+        if not path.is_file():
+            raise NotFound(f"chat_template: no such file: {value}")
+        if path.stat().st_size > MAX_CHAT_TEMPLATE_BYTES:
+            raise InvalidOption(
+                f"chat_template: {value} is over {MAX_CHAT_TEMPLATE_BYTES} bytes; "
+                "a chat template is a small text file"
+            )
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidOption(f"chat_template: {value} is not UTF-8 text") from None
+        except OSError as exc:
+            raise InvalidOption(f"chat_template: cannot read {value}: {exc}") from None
+    try:
+        ChatTemplate(text)
+    except ChatTemplateError as exc:
+        raise InvalidOption(f"chat_template: {exc}") from None
+    return text
 
 
 def _describe(exc: Exception) -> str:

@@ -70,6 +70,30 @@ class StopField(serializers.Field):
         return list(value)
 
 
+class LogitBiasField(serializers.Field):
+    """`logit_bias`: {"<token id>": bias}. The contract: bias clamped to [-100, 100];
+    non-numeric keys or values are skipped (not an error). Normalised to ((id, bias), ...)."""
+
+    default_error_messages = {"invalid": "Must be an object of token id -> bias."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        out = []
+        for key, value in data.items():
+            if not (isinstance(key, str) and key.strip().isdigit()):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if not math.isfinite(value):
+                continue
+            out.append((int(key), max(-100.0, min(100.0, float(value)))))
+        return tuple(out)
+
+    def to_representation(self, value):
+        return {str(k): v for k, v in value}
+
+
 class StreamOptionsSerializer(serializers.Serializer):
     include_usage = StrictBooleanField(required=False, allow_null=True)
 
@@ -91,6 +115,21 @@ class ChatCompletionRequest(serializers.Serializer):
     n = StrictIntegerField(required=False, allow_null=True, min_value=1)
     stream = StrictBooleanField(required=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    presence_penalty = StrictFloatField(required=False, allow_null=True)
+    frequency_penalty = StrictFloatField(required=False, allow_null=True)
+    repetition_penalty = StrictFloatField(required=False, allow_null=True)
+    min_p = StrictFloatField(required=False, allow_null=True)
+    logit_bias = LogitBiasField(required=False, allow_null=True)
+    logprobs = StrictBooleanField(required=False, allow_null=True)
+    top_logprobs = StrictIntegerField(required=False, allow_null=True)
+    response_format = serializers.DictField(required=False, allow_null=True)
+    enable_thinking = StrictBooleanField(required=False, allow_null=True)
+    reasoning_budget = StrictIntegerField(required=False, allow_null=True)
+    max_reasoning_tokens = StrictIntegerField(required=False, allow_null=True)
+    # Tool calling is not implemented yet; `tools` is read only to report that it wins
+    # over response_format (response_format_status "ignored_tools_present").
+    tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
+    tool_choice = serializers.JSONField(required=False, allow_null=True)
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
     session_id = StrictCharField(required=False, allow_null=True, max_length=256)
     prompt_cache_key = StrictCharField(required=False, allow_null=True, max_length=256)
@@ -121,7 +160,40 @@ class ChatCompletionRequest(serializers.Serializer):
             ),
             stop=data.get("stop") or (),
             seed=data.get("seed"),
+            presence_penalty=_clamp(_given(data, "presence_penalty", 0.0), -2.0, 2.0),
+            frequency_penalty=_clamp(_given(data, "frequency_penalty", 0.0), -2.0, 2.0),
+            repetition_penalty=_given(data, "repetition_penalty", 1.0),
+            min_p=_clamp(_given(data, "min_p", 0.0), 0.0, 1.0),
+            logit_bias=data.get("logit_bias") or (),
+            logprobs=bool(data.get("logprobs")) or self.top_logprobs_clamped > 0,
+            top_logprobs=self.top_logprobs_clamped,
         )
+
+    def validate_repetition_penalty(self, value):
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("must be greater than 0 (1 disables it)")
+        return value
+
+    @property
+    def top_logprobs_clamped(self) -> int:
+        """`top_logprobs` clamped to [0, 20] (the contract); it implies `logprobs`."""
+        return int(_clamp(_given(self.validated_data, "top_logprobs", 0), 0, 20))
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.validated_data.get("logprobs")) or self.top_logprobs_clamped > 0
+
+    def requested_reasoning_budget(self) -> int | None:
+        """`reasoning_budget`, else its alias `max_reasoning_tokens`; None: the model's."""
+        data = self.validated_data
+        value = data.get("reasoning_budget")
+        return value if value is not None else data.get("max_reasoning_tokens")
+
+    @property
+    def tools_active(self) -> bool:
+        """Tools offered and not switched off with tool_choice "none"."""
+        data = self.validated_data
+        return bool(data.get("tools")) and data.get("tool_choice") != "none"
 
     @property
     def n_requested(self) -> int:
@@ -141,6 +213,10 @@ class ChatCompletionRequest(serializers.Serializer):
     def wants_usage(self) -> bool:
         options = self.validated_data.get("stream_options") or {}
         return bool(options.get("include_usage"))
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))
 
 
 def _given(data: dict, key: str, default):

@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 import kernels
 from inference import shutdown
 from inference.engine.chat_template import ChatTemplateError
+from inference.engine.constraints import plan_response_format
 from inference.engine.types import (
     ContextOverBudget,
     FinishEvent,
@@ -102,18 +103,27 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         chat = validated_chat_request(request.body)
         stream = chat.is_stream
         name, svc = runtime.resolve(chat.validated_data.get("model"))
+        data = chat.validated_data
+        enable_thinking = data.get("enable_thinking")
+        if enable_thinking is None:
+            enable_thinking = not getattr(settings, "PANTHEON_NO_THINK", False)
         # On the event loop: rendering and tokenizing take milliseconds; the forward
         # passes run on the engine's own thread.
         try:
-            prompt_ids = svc.encode_chat(chat.validated_data["messages"])
+            prompt_ids, think_open = svc.prepare_chat(data["messages"], enable_thinking)
         except ChatTemplateError as exc:  # the template refused this conversation
             raise invalid_request(f"cannot render the chat template: {exc}") from None
+        plan, format_status = _response_format(chat)
+        budget = chat.requested_reasoning_budget()
+        if budget is None:
+            budget = svc.config.reasoning_budget
         completion = _Completion(
             id=f"chatcmpl-{secrets.token_hex(12)}",
             created=int(time.time()),
             model=name,
             n_requested=chat.n_requested,
             n=chat.n_choices,
+            logprobs=chat.wants_logprobs,
         )
         gen_request = GenerationRequest(
             request_id=completion.id,
@@ -121,6 +131,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             params=chat.sampling_params(),
             n=chat.n_choices,
             session_id=chat.session_key(request.headers.get("X-Session-Id")),
+            think_style=svc.think_style,
+            think_open=think_open,
+            reasoning_budget=max(0, budget),
+            constraint=plan,
+            format_status=format_status,
         )
         if stream:
             return await _stream(svc.generate(gen_request), completion, chat.wants_usage)
@@ -133,6 +148,46 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         return error.response()
 
 
+def _response_format(chat) -> tuple[object, str | None]:
+    """(the compiled constraint plan or None, the response_format_status to report or None
+    when the request sent no response_format). Tools win over response_format."""
+    response_format = chat.validated_data.get("response_format")
+    if response_format is None:
+        return None, None
+    if chat.tools_active:
+        return None, "ignored_tools_present"
+    try:
+        plan = plan_response_format(response_format)
+    except ValueError as exc:
+        raise invalid_request(f"response_format: {exc}") from None
+    status = "applied" if plan.status == "text" else plan.status
+    return (plan if plan.grammar else None), status
+
+
+def _worst_status(statuses) -> str | None:
+    """One response_format_status for the response: a choice that was not enforced wins."""
+    statuses = [s for s in statuses if s]
+    if not statuses:
+        return None
+    return "not_enforced" if "not_enforced" in statuses else statuses[0]
+
+
+def logprobs_json(entries) -> dict:
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.bytes),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(b)} for t, lp, b in e.top
+                ],
+            }
+            for e in entries
+        ]
+    }
+
+
 @dataclass(frozen=True)
 class _Completion:
     id: str
@@ -140,6 +195,7 @@ class _Completion:
     model: str
     n_requested: int = 1
     n: int = 1  # choices asked of the engine (n_requested capped at 8)
+    logprobs: bool = False
 
     def n_status(self, choices: int) -> str | None:
         """Why fewer choices came back than `n` asked for (the contract's n_status)."""
@@ -150,15 +206,23 @@ class _Completion:
         return None
 
     def chunk(
-        self, delta: dict, finish_reason: str | None = None, index: int = 0, **top: object
+        self,
+        delta: dict,
+        finish_reason: str | None = None,
+        index: int = 0,
+        logprobs: dict | None = None,
+        **top: object,
     ) -> bytes:
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
         return sse_data(
             {
                 "id": self.id,
                 "object": "chat.completion.chunk",
                 "created": self.created,
                 "model": self.model,
-                "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
+                "choices": [choice],
                 **top,
             }
         )
@@ -185,6 +249,8 @@ def usage_json(usage: Usage) -> dict:
         "kv_used": usage.kv_used,
         "kv_cap": usage.kv_cap,
     }
+    if usage.reasoning_tokens:
+        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
     if usage.session_conflict:
         body["session_conflict"] = True
     return body
@@ -202,12 +268,15 @@ def request_usage(finishes: dict[int, FinishEvent]) -> dict:
             kv_used=first.kv_used,
             kv_cap=max(f.usage.kv_cap for f in finishes.values()),
             session_conflict=first.session_conflict,
+            reasoning_tokens=sum(f.usage.reasoning_tokens for f in finishes.values()),
         )
     )
 
 
 async def _complete(events: AsyncGenerator, completion: _Completion) -> JsonResponse:
     parts: dict[int, list[str]] = {}
+    reasoning: dict[int, list[str]] = {}
+    logprobs: dict[int, list] = {}
     finishes: dict[int, FinishEvent] = {}
     # aclosing: if this view is cancelled (client gone), the engine stream is closed
     # and the generation stops (or the request leaves the queue).
@@ -217,26 +286,38 @@ async def _complete(events: AsyncGenerator, completion: _Completion) -> JsonResp
                 finishes[event.index] = event
             else:
                 parts.setdefault(event.index, []).append(event.text)
+                reasoning.setdefault(event.index, []).append(event.reasoning)
+                logprobs.setdefault(event.index, []).extend(event.logprobs)
     if not finishes:
         raise GenerationFailed("the engine stream ended without a finish event")
+    choices = []
+    for index in sorted(finishes):
+        message = {"role": "assistant", "content": "".join(parts.get(index, ()))}
+        thought = "".join(reasoning.get(index, ()))
+        if thought:
+            message["reasoning_content"] = thought
+        choice = {
+            "index": index,
+            "message": message,
+            "finish_reason": finishes[index].finish_reason,
+        }
+        if completion.logprobs:
+            choice["logprobs"] = logprobs_json(logprobs.get(index, ()))
+        choices.append(choice)
     body = {
         "id": completion.id,
         "object": "chat.completion",
         "created": completion.created,
         "model": completion.model,
-        "choices": [
-            {
-                "index": index,
-                "message": {"role": "assistant", "content": "".join(parts.get(index, ()))},
-                "finish_reason": finishes[index].finish_reason,
-            }
-            for index in sorted(finishes)
-        ],
+        "choices": choices,
         "usage": request_usage(finishes),
     }
     n_status = completion.n_status(len(finishes))
     if n_status:
         body["n_status"] = n_status
+    status = _worst_status(f.response_format_status for f in finishes.values())
+    if status:
+        body["response_format_status"] = status
     return json_response(body)
 
 
@@ -276,9 +357,16 @@ async def _sse_events(
             if isinstance(event, FinishEvent):
                 finishes[event.index] = event
                 choices = event.choices
-                yield _closing_chunk(completion, event.index, event.finish_reason, choices)
-            elif event.text:
-                yield completion.chunk({"content": event.text}, index=event.index)
+                yield _closing_chunk(
+                    completion,
+                    event.index,
+                    event.finish_reason,
+                    choices,
+                    event.response_format_status,
+                )
+            else:
+                for chunk in _token_chunks(completion, event):
+                    yield chunk
             event = await anext(events, None)
     except ContextOverBudget as exc:
         # The status line is gone; the contract's terminal error event ends the stream.
@@ -301,9 +389,33 @@ async def _sse_events(
     yield DONE
 
 
-def _closing_chunk(completion: _Completion, index: int, reason: str, choices: int) -> bytes:
+def _token_chunks(completion: _Completion, event: TokenEvent):
+    """Reasoning first, then answer text (the contract's delta order); the token's
+    logprobs ride the chunk that carries it (the last one)."""
+    logprobs = logprobs_json(event.logprobs) if completion.logprobs and event.logprobs else None
+    deltas = []
+    if event.reasoning:
+        deltas.append({"reasoning_content": event.reasoning})
+    if event.text:
+        deltas.append({"content": event.text})
+    if not deltas and logprobs is not None:
+        deltas.append({"content": ""})  # a token whose text is still held back
+    for i, delta in enumerate(deltas):
+        last = i == len(deltas) - 1
+        yield completion.chunk(delta, index=event.index, logprobs=logprobs if last else None)
+
+
+def _closing_chunk(
+    completion: _Completion,
+    index: int,
+    reason: str,
+    choices: int,
+    format_status: str | None = None,
+) -> bytes:
     n_status = completion.n_status(choices)
     top = {"n_status": n_status} if n_status else {}
+    if format_status:
+        top["response_format_status"] = format_status
     return completion.chunk({}, reason, index=index, **top)
 
 

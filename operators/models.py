@@ -17,6 +17,11 @@ class ModelConfig(models.Model):
     max_sessions = models.PositiveIntegerField(default=4)
     max_concurrent = models.PositiveIntegerField(default=0, help_text="0: max_sessions.")
     reasoning_budget = models.PositiveIntegerField(default=0, help_text="0: unbounded.")
+    chat_template = models.TextField(
+        blank=True,
+        default="",
+        help_text="A chat template's text, or its file in a model folder (empty: the GGUF's).",
+    )
     dies = models.JSONField(default=list, blank=True)
     quantize = models.BooleanField(default=False)
     pinned = models.BooleanField(default=False, help_text="Never evicted to make room.")

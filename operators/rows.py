@@ -29,6 +29,7 @@ def model_row(info: InstanceInfo) -> dict:
         "max_concurrent": svc.max_concurrent,
         "max_concurrent_configured": svc.max_concurrent_configured,
         "reasoning_budget": spec.reasoning_budget,
+        "chat_template": "custom" if spec.chat_template else "gguf",
         "quantize": spec.quantize,
         "pinned": info.pinned,
         "in_flight": svc.in_flight,

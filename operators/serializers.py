@@ -10,7 +10,7 @@ import json
 from rest_framework import serializers
 
 from inference.errors import invalid_request
-from inference.runtime import MAX_DIES, LoadSpec, default_options
+from inference.runtime import MAX_CHAT_TEMPLATE_BYTES, MAX_DIES, LoadSpec, default_options
 from inference.serializers import StrictBooleanField, StrictCharField, StrictIntegerField
 
 NAME_MAX = 200  # operators.models: the served name's column
@@ -62,6 +62,14 @@ class LoadRequest(serializers.Serializer):
     max_concurrent = _option(1024)
     reasoning_budget = _option(1 << 24)
     pinned = StrictBooleanField(required=False, allow_null=True)
+    # A template's text, or a file inside the model folders (llama.cpp's --chat-template-file)
+    chat_template = StrictCharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=MAX_CHAT_TEMPLATE_BYTES,
+    )
 
 
 def load_spec(data: dict) -> LoadSpec:
@@ -77,6 +85,7 @@ def load_spec(data: dict) -> LoadSpec:
         dies=tuple(data.get("dies") or ()),
         quantize=bool(data.get("quantize")),
         pinned=bool(data.get("pinned")),
+        chat_template=data.get("chat_template") or "",
         **{key: data.get(key) or defaults[key] for key in defaults},
     )
 

@@ -9,7 +9,15 @@ from django.utils import timezone
 from inference.runtime import LoadSpec, Store
 from operators.models import Alias, ModelConfig
 
-OPTIONS = ("path", "ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget", "quantize")
+OPTIONS = (
+    "path",
+    "ctx_cap",
+    "max_sessions",
+    "max_concurrent",
+    "reasoning_budget",
+    "quantize",
+    "chat_template",
+)
 
 
 def spec_of(row: ModelConfig) -> LoadSpec:

@@ -11,6 +11,8 @@ PANTHEON_CTX_CAP       per-session context cap in tokens (0: the model's, at mos
 PANTHEON_MAX_SESSIONS  how many sessions may hold KV at once (4)
 PANTHEON_MAX_CONCURRENT  requests decoded at once (0: max_sessions)
 PANTHEON_REASONING_BUDGET  reasoning tokens before the think block is closed (0: unbounded)
+PANTHEON_NO_THINK      think-style templates: a request without enable_thinking gets a
+                       closed (empty) think block instead of an open one (off)
 PANTHEON_MAX_LOADED_MODELS  models loaded at once; one more evicts the least recently used (4)
 PANTHEON_MEMORY_RESERVE_MB  memory a load must leave free, on top of its estimate (256)
 PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
@@ -241,3 +243,6 @@ if min(PANTHEON_ENGINE_OPTIONS[key] for key in _SESSION_LIMITS) < 0:
 PANTHEON_DRAIN_TIMEOUT = float(env_int("PANTHEON_DRAIN_TIMEOUT", 30))
 # Test hooks such as POST /admin/debug/simulate-memory-pressure; off: they answer 404.
 PANTHEON_DEBUG_ROUTES = env_bool("PANTHEON_DEBUG_ROUTES", False)
+
+# Think-style templates: requests that do not say `enable_thinking` think unless this is on.
+PANTHEON_NO_THINK = env_bool("PANTHEON_NO_THINK", False)

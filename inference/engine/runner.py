@@ -4,7 +4,8 @@ Each prefill chunk is its own forward pass on its sequence's slot (chunk boundar
 fixed per prompt, so a prompt is computed the same way whatever else runs); all decode
 rows go through one batched pass (`forward_decode`, batch invariant; one pass per row for
 an architecture without it). Each sequence
-samples with its own Sampler, so its random stream does not depend on its neighbours.
+chooses its token through its own DecodeState (decoding.py: forced tokens, grammar mask,
+its own sampler and RNG), so its random stream does not depend on its neighbours.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .decoding import DecodeState, choose_rows
 from .kv_cache import KVCache
-from .sampler import Sampler
 from .scheduler import Batch
 
 
@@ -36,9 +37,9 @@ class Runner:
         self.kv = kv
         self.last = StepTimes()
 
-    def run(self, batch: Batch, samplers: Mapping[int, Sampler]) -> dict[int, int]:
+    def run(self, batch: Batch, states: Mapping[int, DecodeState]) -> dict[int, int]:
         """Run one step; returns {seq_id: sampled token id} for batch.sampling_seq_ids()
-        (those with a sampler: a sequence cancelled meanwhile has none)."""
+        (those with a decode state: a sequence cancelled meanwhile has none)."""
         sampled: dict[int, int] = {}
         times = StepTimes()
         t0 = time.perf_counter()
@@ -50,17 +51,20 @@ class Runner:
                 end = chunk.start + len(tokens)
                 for slot in chunk.copy_to_slots:
                     self.kv.copy_prefix(chunk.slot, slot, end)
-                for seq_id in chunk.sample_seq_ids:
-                    if seq_id in samplers:  # absent: cancelled meanwhile
-                        sampled[seq_id] = samplers[seq_id](logits)
+                seq_ids = [s for s in chunk.sample_seq_ids if s in states]  # else cancelled
+                if seq_ids:
+                    rows = np.broadcast_to(logits, (len(seq_ids), logits.shape[-1]))
+                    tokens = choose_rows([states[s] for s in seq_ids], rows)
+                    sampled.update(zip(seq_ids, tokens, strict=True))
         t1 = time.perf_counter()
         times.prefill_s = t1 - t0
         if batch.decode:
             rows = batch.decode
             logits = self._decode(rows)
-            for row, row_logits in zip(rows, logits, strict=True):
-                if row.seq_id in samplers:
-                    sampled[row.seq_id] = samplers[row.seq_id](row_logits)
+            live = [i for i, row in enumerate(rows) if row.seq_id in states]
+            if live:
+                tokens = choose_rows([states[rows[i].seq_id] for i in live], logits[live])
+                sampled.update((rows[i].seq_id, t) for i, t in zip(live, tokens, strict=True))
             times.decode_rows = len(rows)
             times.decode_s = time.perf_counter() - t1
         self.last = times

@@ -17,17 +17,20 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .chat_template import ChatTemplate, normalize_messages
+from .chat_template import ChatTemplate, ChatTemplateError, normalize_messages
+from .constraints import Constraint, GrammarTokenizer
+from .decoding import DecodeState
 from .gguf_file import GGUFFile, file_weights_version
 from .memory import CRITICAL, MemoryLadder, device_memory, host_memory
 from .models import WEIGHT_LAYOUT_VERSION, architecture_module
+from .output import ChoiceOutput
+from .reasoning import is_think_template, thinking_prompt_suffix
 from .runner import Runner
 from .sampler import Sampler
 from .scheduler import (
-    FINISH_STOP,
     REFUSED_MEMORY,
     Batch,
     Finished,
@@ -41,7 +44,6 @@ from .session_blob import KVLayout, SessionSnapshot
 from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
 from .sessions import Conversation, Resume, SessionInfo, SessionTable
-from .stop_strings import StopStringBuffer
 from .tokenizer import Tokenizer, spm_merges_of
 from .types import (
     MAX_CHOICES,
@@ -129,15 +131,17 @@ class _Request:
 
 @dataclass(eq=False)
 class _Choice:
-    """Output state of one choice (one sequence); the engine thread's alone."""
+    """Decode and output state of one choice (one sequence); the engine thread's alone."""
 
     req: _Request
     index: int
-    sampler: Sampler
-    detok: object
-    stops: StopStringBuffer
-    stopped: bool = False
-    token_ids: list[int] = field(default_factory=list)  # sampled output, end of turn excluded
+    state: DecodeState  # how its next token is chosen
+    out: ChoiceOutput  # what its tokens become for the client
+    stopped: str | None = None  # the reason it was ended early (stop string, loop, grammar)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.out.token_ids
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,15 @@ class ModelService:
             except (NotImplementedError, KeyError, ValueError) as exc:
                 raise ModelLoadError(f"{gf.path.name}: unusable tokenizer metadata: {exc}") from exc
             template = ChatTemplate.from_gguf(gf.metadata)
+            if config.chat_template:  # the operator's template, with the GGUF's bos/eos texts
+                try:
+                    template = ChatTemplate(
+                        config.chat_template,
+                        bos_token=template.bos_token,
+                        eos_token=template.eos_token,
+                    )
+                except ChatTemplateError as exc:
+                    raise ModelLoadError(f"{config.name}: chat_template: {exc}") from exc
             model = arch.load(gf, progress, cache)
         svc = cls(config, gf, model, tokenizer, template)
         svc.load_seconds = round(time.perf_counter() - t0, 3)
@@ -309,8 +322,35 @@ class ModelService:
 
     # ---- request side (any thread / the event loop) ----
 
+    @property
+    def think_style(self) -> bool:
+        """The chat template knows `<think>` blocks (reasoning is split from the answer)."""
+        return is_think_template(self.template.source)
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        text = self.template.render(normalize_messages(messages), add_generation_prompt=True)
+        return self.prepare_chat(messages)[0]
+
+    def prepare_chat(
+        self, messages: list[dict], enable_thinking: bool = True
+    ) -> tuple[list[int], bool]:
+        """The prompt ids, and whether the answer starts inside a think block. With a
+        think-style template, `enable_thinking` opens the block or prefills a closed one."""
+        think = self.think_style
+        extra = {"enable_thinking": enable_thinking} if think else {}
+        text = self.template.render(
+            normalize_messages(messages), add_generation_prompt=True, **extra
+        )
+        think_open = False
+        if think:
+            text += thinking_prompt_suffix(text, enable_thinking)
+            think_open = enable_thinking
+        return self._encode_prompt(text), think_open
+
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """llguidance's view of this vocabulary (built on first use, then cached)."""
+        return GrammarTokenizer.for_tokenizer(self.tokenizer)
+
+    def _encode_prompt(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
@@ -534,9 +574,9 @@ class ModelService:
             self._wake.wait(IDLE_WAIT_S)
             self._wake.clear()
             return
-        samplers = {seq_id: ch.sampler for seq_id, ch in self._choices.items()}
+        states = {seq_id: ch.state for seq_id, ch in self._choices.items()}
         try:
-            sampled = self.runner.run(batch, samplers)
+            sampled = self.runner.run(batch, states)
         except Exception as exc:
             log.exception("%s: a forward pass failed", self.name)
             self._fail(batch, GenerationFailed(f"generation failed: {type(exc).__name__}"))
@@ -553,15 +593,24 @@ class ModelService:
             req = self._requests.get(started.group_id)
             if req is None:
                 continue
-            params = req.request.params
+            request = req.request
+            params = request.params
+            plan = request.constraint
+            grammar = None
+            if plan is not None and getattr(plan, "grammar", None):
+                gtok = self.grammar_tokenizer()
+
+                def grammar(plan=plan, gtok=gtok) -> Constraint:
+                    return Constraint(plan, gtok)
+
             for index, seq_id in enumerate(started.seq_ids):
                 seed = None if params.seed is None else params.seed + index
+                state = DecodeState(Sampler(replace(params, seed=seed)), grammar)
                 self._choices[seq_id] = _Choice(
                     req=req,
                     index=index,
-                    sampler=Sampler(replace(params, seed=seed)),
-                    detok=self.tokenizer.detokenizer(),
-                    stops=StopStringBuffer(params.stop),
+                    state=state,
+                    out=ChoiceOutput(request, index, self.tokenizer, state),
                 )
 
     def _load_session_prefixes(self, resuming) -> list[tuple[int, int]]:
@@ -614,14 +663,13 @@ class ModelService:
         ch = self._choices.get(event.seq_id)
         if ch is None or ch.stopped or ch.req.closed:
             return
-        ch.token_ids.append(event.token_id)
-        text = ch.stops.push(ch.detok.push(event.token_id))
-        if text:
-            ch.req.emit(TokenEvent(text=text, token_ids=(event.token_id,), index=ch.index))
-        if ch.stops.stopped:
-            ch.stopped = True
+        token_event, end = ch.out.push(event.token_id)
+        if token_event is not None:
+            ch.req.emit(token_event)
+        if end is not None:
+            ch.stopped = end
             with self._lock:
-                finished = self.scheduler.finish(event.seq_id, FINISH_STOP)
+                finished = self.scheduler.finish(event.seq_id, end)
             if finished is not None:  # else a Finished event for it follows in this batch
                 self._on_finished(finished)
 
@@ -636,13 +684,10 @@ class ModelService:
         if ch is None or ch.req.closed:
             return
         conflict = self._park_session(ch, event)
-        reason = event.reason
-        if ch.stopped:
-            reason = FINISH_STOP
-        else:
-            tail = ch.stops.push(ch.detok.flush()) + ch.stops.flush()
-            if tail:
-                ch.req.emit(TokenEvent(text=tail, token_ids=(), index=ch.index))
+        reason = ch.stopped or event.reason
+        tail = ch.out.finish()
+        if tail is not None:
+            ch.req.emit(tail)
         usage = Usage(
             prompt_tokens=event.prompt_tokens,
             completion_tokens=event.completion_tokens,
@@ -650,9 +695,16 @@ class ModelService:
             kv_used=event.kv_used,
             kv_cap=event.kv_cap,
             session_conflict=conflict,
+            reasoning_tokens=ch.out.reasoning_tokens,
         )
         ch.req.emit(
-            FinishEvent(finish_reason=reason, usage=usage, index=ch.index, choices=event.choices)
+            FinishEvent(
+                finish_reason=reason,
+                usage=usage,
+                index=ch.index,
+                choices=event.choices,
+                response_format_status=ch.out.format_status(),
+            )
         )
 
     def _on_refused(self, event: Refused) -> None:

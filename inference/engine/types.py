@@ -23,6 +23,7 @@ class ModelConfig:
     max_sessions: int = 4
     max_concurrent: int = 0  # 0 -> max_sessions (the contract's rule)
     reasoning_budget: int = 0  # 0 -> unbounded
+    chat_template: str = ""  # template text used instead of the GGUF's ("" -> the GGUF's)
     # Prompt tokens per forward pass, and per scheduler step: bounds attention scratch
     # memory and how long one prompt's prefill holds up the running streams.
     prefill_chunk: int = 256
@@ -47,6 +48,17 @@ class SamplingParams:
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # OpenAI penalties over the tokens generated so far, each clamped to [-2, 2]:
+    # presence subtracts once per token seen, frequency once per occurrence.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # llama.cpp-style (extension): a seen token's positive logit is divided by it, a
+    # negative one multiplied; 1 disables.
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0  # extension: drop tokens below min_p x the top probability
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token, [0, 20]
 
 
 MAX_CHOICES = 8  # the contract's cap on `n`
@@ -63,16 +75,37 @@ class GenerationRequest:
     # Prefix-cache key: the turn resumes from the id's conversation its prompt continues
     # (delta prefill), and choice 0's state is kept for the next turn.
     session_id: str | None = None
+    # Think-style template: split `<think>...</think>` out as reasoning; `think_open`: the
+    # prompt itself opened the block (the answer starts inside it).
+    think_style: bool = False
+    think_open: bool = False
+    reasoning_budget: int = 0  # reasoning tokens before `</think>` is forced; <= 0: none
+    # response_format: the compiled plan (constraints.ConstraintPlan) or None, and the
+    # status to report when the request sent one (None: it did not).
+    constraint: object = None
+    format_status: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability and its most likely alternatives."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[tuple[str, float, tuple[int, ...]], ...] = ()  # (token, logprob, bytes)
 
 
 @dataclass(frozen=True)
 class TokenEvent:
     """Newly produced answer text of choice `index`: whole UTF-8 characters, stop strings
-    withheld."""
+    withheld; `reasoning` is text inside a think block, `text` the answer."""
 
     text: str
     token_ids: tuple[int, ...]
     index: int = 0
+    reasoning: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +117,7 @@ class Usage:
     kv_cap: int
     # Two conversations of one session id keep displacing each other's cache.
     session_conflict: bool = False
+    reasoning_tokens: int = 0  # of the completion tokens, those inside a think block
 
     @property
     def total_tokens(self) -> int:
@@ -95,10 +129,11 @@ class FinishEvent:
     """Last event of one choice. A request's stream ends after `choices` of them (fewer
     than it asked for only when the served slot count cannot hold them all)."""
 
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "repetition_loop"
     usage: Usage  # this choice's; the prompt is the request's, counted once by the caller
     index: int = 0
     choices: int = 1
+    response_format_status: str | None = None
 
 
 class EngineError(Exception):

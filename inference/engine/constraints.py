@@ -1,0 +1,352 @@
+"""Structured output: an OpenAI `response_format` -> an llguidance grammar -> token masks.
+
+`plan_response_format` compiles a request's response_format once (no model needed);
+`Constraint` is one sequence's matcher over one model's vocabulary (`GrammarTokenizer`);
+`validate_output` checks the finished text against the schema, so a value cut short by
+max_tokens, or a schema feature the grammar could not enforce, is reported, never passed
+off as conformant.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import llguidance
+import llguidance.numpy as llnp
+import numpy as np
+import referencing
+import referencing.exceptions
+from jsonschema.exceptions import best_match
+
+from inference.engine.tokenizer import TOKEN_CONTROL
+
+JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+# Each run of JSON whitespace is capped (llguidance matches the pattern once per place
+# whitespace may go): room for pretty-printed output, but a model cannot loop on newlines.
+WHITESPACE_PATTERN = r"[\x20\x0A\x0D\x09]{1,64}"
+# "\u00f6" is as valid in a JSON string as "ö", and json.dumps-trained models write it.
+_COMPILE_DEFAULTS = {
+    "whitespace_pattern": WHITESPACE_PATTERN,
+    "json_allow_general_unicode_escapes": True,
+}
+# A schema's own "x-guidance" may not switch on llguidance's silent approximations.
+_STRICT = {"lenient": False, "coerce_one_of": False}
+_LENIENT = {"lenient": True}
+
+_GRAMMAR_TOKENIZER_ATTR = "_grammar_tokenizer"
+_build_lock = threading.Lock()
+_executor: llguidance.LLExecutor | None = None
+
+
+@dataclass(frozen=True)
+class ConstraintPlan:
+    """What a request's response_format compiles to, once per request.
+
+    status: "applied" | "schema_downgraded" | "ignored_unknown_type" | "text".
+    grammar: llguidance's top-level grammar (JSON text); None = unconstrained.
+    schema: what the final content is validated against: the client's own schema, also
+    when downgraded (so a value breaking the dropped feature fails validation).
+    """
+
+    status: str
+    message: str = ""
+    grammar: str | None = None
+    schema: dict | None = None
+
+
+TEXT_PLAN = ConstraintPlan("text")
+
+
+def _compile(schema: dict, overrides: dict) -> tuple[str, bool, list[str]]:
+    """(grammar, is_error, llguidance's errors or warnings) for a JSON schema."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        schema, defaults=_COMPILE_DEFAULTS, overrides=overrides
+    )
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return grammar, is_error, messages
+
+
+def _validator_class(schema: dict) -> type:
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+
+
+def _type_only(schema: dict) -> dict:
+    """The nearest always-enforceable schema: the root's declared type(s), else an object."""
+    kind = schema.get("type")
+    if isinstance(kind, str) and kind in JSON_TYPES:
+        return {"type": kind}
+    if isinstance(kind, list) and kind and all(k in JSON_TYPES for k in kind):
+        return {"type": kind}
+    return dict(JSON_OBJECT_SCHEMA)
+
+
+def _plan_json_schema(spec: Any) -> ConstraintPlan:
+    if not isinstance(spec, dict):
+        raise ValueError("response_format.json_schema must be an object")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise ValueError("response_format.json_schema.schema must be a JSON schema object")
+    if "name" in spec and not isinstance(spec["name"], str):
+        raise ValueError("response_format.json_schema.name must be a string")
+    if "strict" in spec and not isinstance(spec["strict"], bool | None):
+        raise ValueError("response_format.json_schema.strict must be a boolean")
+    try:
+        _validator_class(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        message = f"response_format.json_schema.schema is invalid at {where}: {e.message}"
+        raise ValueError(message) from None
+
+    grammar, is_error, messages = _compile(schema, _STRICT)
+    if not is_error and not messages:
+        return ConstraintPlan("applied", grammar=grammar, schema=schema)
+    if not is_error:  # compiled, but llguidance warns it approximates something
+        return ConstraintPlan(
+            "schema_downgraded", _downgrade_message(messages), grammar=grammar, schema=schema
+        )
+    # Lenient mode drops the keywords llguidance cannot express and names each one.
+    grammar, is_error, lenient_messages = _compile(schema, _LENIENT)
+    if not is_error:
+        return ConstraintPlan(
+            "schema_downgraded",
+            _downgrade_message(lenient_messages or messages),
+            grammar=grammar,
+            schema=schema,
+        )
+    fallback = _type_only(schema)
+    grammar, is_error, _ = _compile(fallback, _STRICT)
+    if is_error:  # cannot happen for a bare type; never hand out a grammar that fails
+        raise RuntimeError(f"llguidance cannot compile {fallback}")
+    message = (
+        f"{_downgrade_message(lenient_messages or messages)}; enforcing only {json.dumps(fallback)}"
+    )
+    return ConstraintPlan("schema_downgraded", message, grammar=grammar, schema=schema)
+
+
+def _downgrade_message(messages: list[str]) -> str:
+    return "schema feature not enforced: " + "; ".join(m.strip() for m in messages)
+
+
+_JSON_OBJECT_PLAN: ConstraintPlan | None = None
+
+
+def plan_response_format(response_format: dict | None) -> ConstraintPlan:
+    """Compile an OpenAI response_format. Raises ValueError for a malformed one (a 400)."""
+    global _JSON_OBJECT_PLAN
+    if response_format is None:
+        return TEXT_PLAN
+    if not isinstance(response_format, dict):
+        raise ValueError("response_format must be an object")
+    kind = response_format.get("type")
+    if not isinstance(kind, str):
+        raise ValueError("response_format.type is required and must be a string")
+    if kind == "text":
+        return TEXT_PLAN
+    if kind == "json_object":
+        if _JSON_OBJECT_PLAN is None:
+            grammar, _, _ = _compile(JSON_OBJECT_SCHEMA, _STRICT)
+            _JSON_OBJECT_PLAN = ConstraintPlan(
+                "applied", grammar=grammar, schema=JSON_OBJECT_SCHEMA
+            )
+        return _JSON_OBJECT_PLAN
+    if kind == "json_schema":
+        return _plan_json_schema(response_format.get("json_schema"))
+    return ConstraintPlan(
+        "ignored_unknown_type", f"response_format type {kind!r} is not supported; not enforced"
+    )
+
+
+class _VocabView:
+    """The duck-typed `TokenizerWrapper` that llguidance.LLTokenizer reads a vocabulary from."""
+
+    is_tokenizer_wrapper = True
+
+    def __init__(self, tok: Any, special: list[int], eos: int | None):
+        self.tokens = list(tok._bytes)
+        self.eos_token_id = eos
+        self.bos_token_id = tok.bos_id
+        # llguidance prefixes these with its 0xFF marker: never spelled by grammar text.
+        self.special_token_ids = special
+        self._encode = tok.encode
+        skip = set(special)
+        self._id_of: dict[bytes, int] = {}
+        for i, piece in enumerate(self.tokens):
+            if piece and i not in skip:
+                self._id_of.setdefault(piece, i)
+
+    def __call__(self, text: str) -> list[int]:
+        """Ids spelling exactly `text`: llguidance trusts them for the bytes a grammar forces."""
+        want = text.encode("utf-8")
+        ids = self._encode(text)
+        spelled = self._spell(ids)
+        if spelled == want:
+            return ids
+        # SentencePiece's add_space_prefix turns "x" into "▁x": take that space back off.
+        if spelled == b" " + want and self.tokens[ids[0]].startswith(b" "):
+            head = self.tokens[ids[0]][1:]
+            fixed = ids[1:] if not head else [self._id_of.get(head, -1), *ids[1:]]
+            if -1 not in fixed and self._spell(fixed) == want:
+                return fixed
+        per_byte = [self._id_of.get(bytes([b]), -1) for b in want]
+        return ids if -1 in per_byte else per_byte
+
+    def _spell(self, ids: list[int]) -> bytes:
+        return b"".join(self.tokens[i] for i in ids)
+
+
+class GrammarTokenizer:
+    """llguidance's view of one model's vocabulary, built once per model and cached."""
+
+    def __init__(self, ll: llguidance.LLTokenizer, vocab_size: int, end_ids: frozenset[int]):
+        self.ll = ll
+        self.vocab_size = vocab_size
+        self.end_ids = end_ids
+        self.ends_only = np.zeros(vocab_size, dtype=bool)
+        self.ends_only[[i for i in end_ids if i < vocab_size]] = True
+        self.ends_only.flags.writeable = False
+
+    @classmethod
+    def for_tokenizer(cls, tok: Any) -> GrammarTokenizer:
+        """The GrammarTokenizer of an `inference.engine.tokenizer.Tokenizer`, cached on it."""
+        cached = getattr(tok, _GRAMMAR_TOKENIZER_ATTR, None)
+        if cached is not None:
+            return cached
+        with _build_lock:
+            cached = getattr(tok, _GRAMMAR_TOKENIZER_ATTR, None)
+            if cached is None:
+                cached = cls._build(tok)
+                setattr(tok, _GRAMMAR_TOKENIZER_ATTR, cached)
+        return cached
+
+    @classmethod
+    def _build(cls, tok: Any) -> GrammarTokenizer:
+        ends = frozenset(tok.end_of_turn_ids)
+        types = getattr(tok, "_types", None)
+        if types is not None:
+            # Control pieces only: gemma's user-defined pieces ("\n", "  ", "<td>") are text.
+            control = {i for i, k in enumerate(types) if k == TOKEN_CONTROL}
+        else:
+            control = set(tok.special_ids)
+        special = sorted(control | ends | ({tok.bos_id} if tok.bos_id is not None else set()))
+        eos = tok.eos_id if tok.eos_id is not None else min(ends, default=None)
+        ll = llguidance.LLTokenizer(
+            _VocabView(tok, special, eos),
+            n_vocab=tok.vocab_size,
+            eos_token=sorted(ends) if ends else None,
+        )
+        return cls(ll, tok.vocab_size, ends)
+
+    def unpack(self, bitmask: np.ndarray) -> np.ndarray:
+        """(B, words) int32 llguidance bitmask -> (B, vocab_size) bool, little bit order."""
+        bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little").view(bool)
+        if bits.shape[1] >= self.vocab_size:
+            return bits[:, : self.vocab_size]
+        out = np.zeros((bits.shape[0], self.vocab_size), dtype=bool)
+        out[:, : bits.shape[1]] = bits
+        return out
+
+
+class Constraint:
+    """One sequence's matcher: allowed() -> sample -> accept(token), until done."""
+
+    def __init__(self, plan: ConstraintPlan, gtok: GrammarTokenizer):
+        if plan.grammar is None:
+            raise ValueError(f"a {plan.status!r} plan has no grammar to constrain with")
+        self.gtok = gtok
+        self._matcher = llguidance.LLMatcher(gtok.ll, plan.grammar, log_level=0)
+        if self._matcher.is_error():
+            raise ValueError(f"grammar rejected: {self._matcher.get_error()}")
+        self._mask: np.ndarray | None = None
+
+    def allowed(self) -> np.ndarray:
+        """Bool (vocab_size,) mask of the tokens allowed next (read-only; cached until accept).
+
+        Once the value is complete only the end-of-turn ids are allowed; a matcher that hit
+        a resource limit also allows only them, so the sequence ends and fails validation."""
+        if self._mask is None and not self._matcher.is_error():
+            bitmask = llnp.allocate_token_bitmask(1, self.gtok.ll.vocab_size)
+            llnp.fill_next_token_bitmask(self._matcher, bitmask)
+            self._set_mask(self.gtok.unpack(bitmask)[0])
+        if self._mask is None or self._matcher.is_error():
+            return self.gtok.ends_only
+        return self._mask
+
+    def _set_mask(self, mask: np.ndarray) -> None:
+        mask.flags.writeable = False
+        self._mask = mask
+
+    def accept(self, token_id: int) -> None:
+        """Consume a sampled token; ValueError (matcher unchanged) if the grammar forbids it."""
+        token_id = int(token_id)
+        if not 0 <= token_id < self.gtok.ll.vocab_size:
+            raise ValueError(f"token {token_id} is outside the grammar's vocabulary")
+        # validate_tokens refuses an end token once the matcher has stopped; consume takes it.
+        ends_value = token_id in self.gtok.end_ids and self._matcher.is_accepting()
+        if not ends_value and self._matcher.validate_tokens([token_id]) != 1:
+            raise ValueError(f"token {token_id} is not allowed here by the grammar")
+        if not self._matcher.consume_token(token_id):
+            raise ValueError(f"grammar error on token {token_id}: {self._matcher.get_error()}")
+        self._mask = None
+
+    @property
+    def done(self) -> bool:
+        """The value is complete and nothing more may follow: stop decoding."""
+        return self._matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        """The text so far is a complete value (an end token would be allowed)."""
+        return self._matcher.is_accepting()
+
+    @property
+    def error(self) -> str:
+        """llguidance's error (e.g. a parser resource limit), "" when healthy."""
+        return self._matcher.get_error()
+
+
+def fill_masks(constraints: list[Constraint | None]) -> list[np.ndarray | None]:
+    """allowed() for a batch of sequences, the masks computed in parallel by llguidance."""
+    global _executor
+    groups: dict[int, list[Constraint]] = {}
+    for c in constraints:
+        if c is not None and c._mask is None and not c._matcher.is_error():
+            groups.setdefault(id(c.gtok), []).append(c)
+    if groups and _executor is None:
+        with _build_lock:
+            _executor = _executor or llguidance.LLExecutor()
+    for group in groups.values():
+        gtok = group[0].gtok
+        bitmask = llnp.allocate_token_bitmask(len(group), gtok.ll.vocab_size)
+        llnp.fill_next_token_bitmask_par(
+            _executor, [(c._matcher, row) for row, c in enumerate(group)], bitmask
+        )
+        for c, mask in zip(group, gtok.unpack(bitmask), strict=True):
+            c._set_mask(mask)
+    return [None if c is None else c.allowed() for c in constraints]
+
+
+def validate_output(plan: ConstraintPlan, text: str) -> tuple[bool, str]:
+    """(True, "") if `text` is JSON valid against plan.schema, else (False, why)."""
+    if plan.schema is None:
+        return True, ""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        return False, f"output is not valid JSON: {e}"
+    cls = _validator_class(plan.schema)
+    # An empty registry: a remote $ref is unresolvable here, never fetched.
+    validator = cls(plan.schema, registry=referencing.Registry(), format_checker=cls.FORMAT_CHECKER)
+    try:
+        error = best_match(validator.iter_errors(value))
+    except referencing.exceptions.Unresolvable as e:
+        return False, f"schema reference cannot be resolved: {e}"
+    if error is None:
+        return True, ""
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return False, f"output does not match the schema at {where}: {error.message}"

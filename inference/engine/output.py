@@ -1,0 +1,146 @@
+"""One choice's output as the client sees it: token ids in, events out.
+
+Each generated token goes: detokenizer (whole UTF-8 characters) -> stop strings (held
+back while they may be starting) -> the think-block splitter (reasoning vs answer, for
+think-style templates) -> a TokenEvent carrying both texts and the token's logprobs.
+Alongside: the reasoning budget (forces `</think>` after N reasoning tokens), the grammar
+(armed once the think block is closed), and the loop detector. `push` says when the
+choice must end early and why; `finish` flushes what was held back and settles the
+response_format status (the final answer is validated against the schema).
+"""
+
+from __future__ import annotations
+
+from .constraints import validate_output
+from .decoding import DecodeState
+from .reasoning import THINK_CLOSE, ReasoningBudget, ReasoningSplitter
+from .repetition import LoopDetector
+from .sampler import Sample
+from .stop_strings import StopStringBuffer
+from .tokenizer import Tokenizer
+from .types import GenerationRequest, TokenEvent, TokenLogprob
+
+FINISH_STOP = "stop"
+FINISH_REPETITION = "repetition_loop"
+APPLIED_STATUSES = ("applied", "schema_downgraded")
+
+
+class ChoiceOutput:
+    def __init__(
+        self, request: GenerationRequest, index: int, tokenizer: Tokenizer, state: DecodeState
+    ):
+        params = request.params
+        self.request = request
+        self.index = index
+        self.tokenizer = tokenizer
+        self.state = state
+        self.detok = tokenizer.detokenizer()
+        self.stops = StopStringBuffer(params.stop)
+        self.splitter = (
+            ReasoningSplitter(started_inside=request.think_open) if request.think_style else None
+        )
+        self.budget = (
+            ReasoningBudget(request.reasoning_budget, tokenizer.encode(f"\n{THINK_CLOSE}\n\n"))
+            if self.splitter is not None and request.reasoning_budget > 0
+            else None
+        )
+        self.loop = LoopDetector()
+        self.token_ids: list[int] = []  # sampled output, end of turn excluded
+        self.content: list[str] = []
+        self.reasoning_tokens = 0
+        self.stopped_by_string = False
+        self.want_logprobs = params.logprobs or params.top_logprobs > 0
+        if not state.wants_grammar or not (self.splitter and self.splitter.in_think):
+            state.arm()  # no think block to wait for: the grammar holds from the first token
+
+    def push(self, token_id: int) -> tuple[TokenEvent | None, str | None]:
+        """One sampled token: the event to send (None when nothing is ready) and the
+        finish reason when the choice must end now."""
+        self.token_ids.append(token_id)
+        text = self.stops.push(self.detok.push(token_id))
+        if self.splitter is not None:
+            was_inside = self.splitter.in_think
+            reasoning, content = self.splitter.push(text)
+            if was_inside and not self.state.last_forced:
+                self.reasoning_tokens += 1  # the forced close of the block is not reasoning
+            if self.budget is not None and not self.state.last_forced:
+                self.budget.on_token(was_inside)
+                forced = self.budget.forced()
+                if forced:
+                    self.state.force(forced)
+            if not self.splitter.in_think:
+                self.state.arm()
+        else:
+            reasoning, content = "", text
+        self.content.append(content)
+        logprobs = self._logprobs(token_id) if self.want_logprobs else ()
+        event = None
+        if content or reasoning or logprobs:
+            event = TokenEvent(
+                text=content,
+                token_ids=(token_id,),
+                index=self.index,
+                reasoning=reasoning,
+                logprobs=logprobs,
+            )
+        if self.stops.stopped:
+            self.stopped_by_string = True
+            return event, FINISH_STOP
+        if self.loop.push(token_id):
+            return event, FINISH_REPETITION
+        constraint = self.state.constraint
+        if constraint is not None and not self.state.grammar_failed and constraint.done:
+            return event, FINISH_STOP
+        return event, None
+
+    def finish(self) -> TokenEvent | None:
+        """The text held back (unless a stop string ended the choice: it stays unsaid)."""
+        if self.stopped_by_string:
+            return None
+        text = self.stops.push(self.detok.flush()) + self.stops.flush()
+        reasoning, content = "", text
+        if self.splitter is not None:
+            r1, c1 = self.splitter.push(text)
+            r2, c2 = self.splitter.flush()
+            reasoning, content = r1 + r2, c1 + c2
+        self.content.append(content)
+        if not (reasoning or content):
+            return None
+        return TokenEvent(text=content, token_ids=(), index=self.index, reasoning=reasoning)
+
+    def format_status(self) -> str | None:
+        """response_format_status: the static one, or for an enforced format whether the
+        final answer really is a valid value of it."""
+        status = self.request.format_status
+        plan = self.request.constraint
+        if status not in APPLIED_STATUSES or plan is None:
+            return status
+        if self.state.grammar_failed:
+            return "not_enforced"
+        ok, _ = validate_output(plan, "".join(self.content))
+        return status if ok else "not_enforced"
+
+    def _logprobs(self, token_id: int) -> tuple[TokenLogprob, ...]:
+        sample: Sample | None = self.state.last
+        if sample is None or sample.token_id != token_id or sample.logprob is None:
+            return ()
+        return (
+            TokenLogprob(
+                token=self._text(token_id),
+                logprob=sample.logprob,
+                bytes=tuple(self.tokenizer.token_bytes(token_id)),
+                top=tuple(
+                    (
+                        self._text(t),
+                        lp,
+                        tuple(self.tokenizer.token_bytes(t)),
+                    )
+                    for t, lp in sample.top
+                ),
+            ),
+        )
+
+    def _text(self, token_id: int) -> str:
+        """A token as text (OpenAI's `token`): its bytes decoded, a partial UTF-8
+        character replaced (its exact bytes are in `bytes`)."""
+        return self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
