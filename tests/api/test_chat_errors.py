@@ -166,11 +166,11 @@ async def test_one_loaded_model_serves_any_model_name(post_chat, served, monkeyp
     svc = next(iter(served.services().values()))
     seen = []
 
-    def encode_chat(messages):
+    def prepare_chat(messages, enable_thinking=True):
         seen.append(messages)
         raise ChatTemplateError("stop here")
 
-    monkeypatch.setattr(svc, "encode_chat", encode_chat)
+    monkeypatch.setattr(svc, "prepare_chat", prepare_chat)
     assert (await post_chat({"model": "gpt-4o", "messages": HELLO})).status_code == 400
     assert (await post_chat({"messages": HELLO})).status_code == 400
     assert seen == [HELLO, HELLO]
@@ -207,10 +207,10 @@ async def test_streamed_prompt_longer_than_the_window_is_422_before_the_stream(
 async def test_an_unexpected_failure_is_500_without_a_traceback(post_chat, served, monkeypatch):
     svc = next(iter(served.services().values()))
 
-    def explode(messages):
+    def explode(messages, enable_thinking=True):
         raise RuntimeError("secret internals /home/x/engine.py line 12")
 
-    monkeypatch.setattr(svc, "encode_chat", explode)
+    monkeypatch.setattr(svc, "prepare_chat", explode)
     for stream in (False, True):
         response = await post_chat({"messages": HELLO, "stream": stream})
         error = assert_error(response, 500, "server_error")
@@ -223,10 +223,10 @@ async def test_a_template_refusal_is_400(post_chat, served, monkeypatch):
 
     svc = next(iter(served.services().values()))
 
-    def refuse(messages):
+    def refuse(messages, enable_thinking=True):
         raise ChatTemplateError("Conversation roles must alternate user/assistant")
 
-    monkeypatch.setattr(svc, "encode_chat", refuse)
+    monkeypatch.setattr(svc, "prepare_chat", refuse)
     error = assert_error(await post_chat({"messages": HELLO}), 400, "invalid_request_error")
     assert "alternate" in error["message"]
 

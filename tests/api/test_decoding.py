@@ -306,3 +306,23 @@ async def test_a_non_think_template_returns_everything_as_content(post_chat, ser
     reply = await chat(post_chat, temperature=0, enable_thinking=True, reasoning_budget=2)
     assert text(reply) == PARIS
     assert "reasoning_content" not in reply["choices"][0]["message"]
+
+
+async def test_the_schema_is_enforced_after_the_think_block(post_chat, thinker):
+    """Reasoning is free text; the answer after `</think>` is held to the schema."""
+    for seed in (1, 2):
+        reply = await chat(
+            post_chat,
+            model="thinker",
+            messages=PET_PROMPT,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=200,
+            enable_thinking=True,
+            reasoning_budget=8,
+            response_format=PET_FORMAT,
+        )
+        message = reply["choices"][0]["message"]
+        assert message.get("reasoning_content")
+        jsonschema.validate(json.loads(message["content"]), PET_SCHEMA)
+        assert reply["response_format_status"] == "applied"
