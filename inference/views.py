@@ -124,6 +124,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             n_requested=chat.n_requested,
             n=chat.n_choices,
             logprobs=chat.wants_logprobs,
+            format_message=getattr(plan, "message", "")
+            if format_status == "schema_downgraded"
+            else "",
         )
         gen_request = GenerationRequest(
             request_id=completion.id,
@@ -196,6 +199,7 @@ class _Completion:
     n_requested: int = 1
     n: int = 1  # choices asked of the engine (n_requested capped at 8)
     logprobs: bool = False
+    format_message: str = ""  # why a schema was downgraded (names the feature)
 
     def n_status(self, choices: int) -> str | None:
         """Why fewer choices came back than `n` asked for (the contract's n_status)."""
@@ -318,6 +322,8 @@ async def _complete(events: AsyncGenerator, completion: _Completion) -> JsonResp
     status = _worst_status(f.response_format_status for f in finishes.values())
     if status:
         body["response_format_status"] = status
+        if status == "schema_downgraded" and completion.format_message:
+            body["response_format_message"] = completion.format_message
     return json_response(body)
 
 
@@ -416,6 +422,8 @@ def _closing_chunk(
     top = {"n_status": n_status} if n_status else {}
     if format_status:
         top["response_format_status"] = format_status
+        if format_status == "schema_downgraded" and completion.format_message:
+            top["response_format_message"] = completion.format_message
     return completion.chunk({}, reason, index=index, **top)
 
 

@@ -68,7 +68,9 @@ class ChoiceOutput:
                 forced = self.budget.forced()
                 if forced:
                     self.state.force(forced)
-            if not self.splitter.in_think:
+            if not self.splitter.in_think and not self.state.forced:
+                # After the block (and after the rest of a forced close, whose trailing
+                # newlines the grammar would refuse): the answer is held to it.
                 self.state.arm()
         else:
             reasoning, content = "", text

@@ -326,3 +326,19 @@ async def test_the_schema_is_enforced_after_the_think_block(post_chat, thinker):
         assert message.get("reasoning_content")
         jsonschema.validate(json.loads(message["content"]), PET_SCHEMA)
         assert reply["response_format_status"] == "applied"
+
+
+async def test_a_schema_feature_the_grammar_cannot_express_is_named(post_chat, served):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 3}
+    reply = await chat(
+        post_chat,
+        messages=PET_PROMPT,
+        temperature=0,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    )
+    # Greedy SmolLM2 answers [-1]: the rest of the schema held, uniqueItems was not.
+    assert reply["response_format_status"] == "schema_downgraded"
+    assert "uniqueItems" in reply["response_format_message"]
+    value = json.loads(text(reply))
+    assert len(value) <= 3 and all(isinstance(v, int) for v in value)
