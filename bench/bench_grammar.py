@@ -1,6 +1,7 @@
 """Decode tokens/s with and without a JSON-schema constraint: the grammar's overhead.
 
-The same prompt is decoded greedily for `--tokens` tokens, first unconstrained, then with
+The same prompt is decoded greedily for `--tokens` tokens (end of turn banned, so both
+runs decode the same count), first unconstrained, then with
 a nested JSON schema enforced by llguidance (a token mask per step, the sampler drawing
 only allowed tokens). Both runs count decode steps only (prefill excluded), one stream,
 median of `--repeat` runs. The ratio constrained / unconstrained is the point: the mask
@@ -53,7 +54,9 @@ PROMPT = [{"role": "user", "content": "List many pets as JSON: name, kind and ag
 
 async def decode_rate(svc: ModelService, ids, plan, tokens: int) -> tuple[float, int]:
     """(decode tokens/s after the first token, tokens produced)."""
-    params = SamplingParams(temperature=0, max_tokens=tokens)
+    # End of turn banned in both runs, so both decode exactly `tokens` tokens.
+    no_end = tuple((t, -100.0) for t in svc.tokenizer.end_of_turn_ids)
+    params = SamplingParams(temperature=0, max_tokens=tokens, logit_bias=no_end)
     request = GenerationRequest(
         "bench",
         tuple(ids),
