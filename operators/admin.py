@@ -235,6 +235,13 @@ class LoadFileForm(forms.Form):
     max_sessions = forms.IntegerField(required=False, min_value=0, help_text="0: the default.")
     max_concurrent = forms.IntegerField(required=False, min_value=0, help_text="0: sessions.")
     reasoning_budget = forms.IntegerField(required=False, min_value=0, help_text="0: unbounded.")
+    chat_template = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="A Jinja chat template, or a file under the model folders. "
+        "Empty: the GGUF's own template.",
+    )
     pinned = forms.BooleanField(required=False)
 
     def __init__(self, *args, choices: list[dict], **kwargs):

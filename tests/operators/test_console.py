@@ -100,6 +100,22 @@ def test_the_load_form_offers_the_model_files_and_loads_one(console, db_rt, mode
     assert ModelConfig.objects.get(name="web").should_load
 
 
+def test_the_load_form_takes_a_chat_template(console, db_rt, model_dir):
+    template = "{% for m in messages %}<think>{{ m.content }}{% endfor %}"
+    response = console.post(
+        LOAD_FILE,
+        {"file": str(model_dir / "tiny.gguf"), "name": "templated", "chat_template": template},
+        follow=True,
+    )
+    assert "Loaded templated." in messages_of(response)
+    assert db_rt.services()["templated"].template.source == template
+    assert ModelConfig.objects.get(name="templated").chat_template == template
+    response = console.post(
+        LOAD_FILE, {"file": str(model_dir / "tiny.gguf"), "chat_template": "{% if %}"}
+    )
+    assert "template" in response.content.decode()
+
+
 def test_the_load_form_refuses_files_it_did_not_offer_and_shows_load_errors(
     console, db_rt, model_dir, settings
 ):
