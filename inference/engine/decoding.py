@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .constraints import Constraint, fill_masks
-from .sampler import Sample, Sampler, sample_batch
+from .sampler import Sample, Sampler, forced_sample, sample_batch
 
 
 class DecodeState:
@@ -61,7 +61,7 @@ def choose_rows(states: list[DecodeState], logits: np.ndarray) -> list[int]:
     for i, state in enumerate(states):
         if state.forced:
             token = state.forced.popleft()
-            tokens[i] = state._commit(_forced_sample(state.sampler, logits[i], token), True)
+            tokens[i] = state._commit(forced_sample(state.sampler, logits[i], token), True)
         else:
             free.append(i)
     if not free:
@@ -76,17 +76,3 @@ def choose_rows(states: list[DecodeState], logits: np.ndarray) -> list[int]:
     for i, sample in zip(free, samples, strict=True):
         tokens[i] = states[i]._commit(sample)
     return tokens  # type: ignore[return-value]
-
-
-def _forced_sample(sampler: Sampler, logits: np.ndarray, token: int) -> Sample:
-    """A forced token, with its log-probability under the unconstrained distribution when
-    logprobs are asked for (it was not drawn from it)."""
-    params = sampler.params
-    if not (params.logprobs or params.top_logprobs > 0):
-        return Sample(token)
-    x = logits.astype(np.float64)
-    x -= x.max()
-    logp = x - np.log(np.exp(x).sum())
-    k = min(max(params.top_logprobs, 0), 20)
-    top = np.argsort(-logp, kind="stable")[:k] if k else []
-    return Sample(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top))

@@ -371,3 +371,17 @@ def sample_batch(
         else:
             out.append(Sample(token))
     return out
+
+
+def forced_sample(sampler: Sampler, logits: np.ndarray, token_id: int) -> Sample:
+    """A token chosen for the sampler rather than drawn (a forced `</think>`), with its
+    log-probability under the same distribution a draw would have used (no mask) when
+    the sampler reports logprobs. Moves no RNG."""
+    if not sampler.logprobs:
+        return Sample(token_id)
+    x = np.array(np.asarray(logits)[None], dtype=np.float64)
+    with np.errstate(over="ignore"):
+        _apply_transforms(x, [sampler], [None])
+    z = x[0]
+    log_total = float(np.log(np.exp(z).sum()))
+    return Sample(token_id, float(z[token_id] - log_total), sampler._top(z, log_total))

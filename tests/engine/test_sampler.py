@@ -448,3 +448,18 @@ def test_a_batch_with_an_empty_mask_raises_before_any_rng_moves():
     with pytest.raises(ValueError):
         sample_batch(samplers, logits[:2])
     assert sample_batch([], np.zeros((0, 5), dtype=np.float32)) == []
+
+
+def test_a_forced_token_reports_its_logprob_under_the_sampling_distribution():
+    from inference.engine.sampler import forced_sample
+
+    logits = np.array([2.0, 1.0, 0.5, -1.0])
+    params = SamplingParams(temperature=0.5, logprobs=True, top_logprobs=2, logit_bias=((1, 3.0),))
+    drawn = Sampler(params).sample(logits)
+    forced = forced_sample(Sampler(params), logits, 3)
+    assert forced.token_id == 3
+    assert forced.top == drawn.top  # the same distribution
+    x = (logits + np.array([0, 3.0, 0, 0])) / 0.5
+    expected = x[3] - np.log(np.exp(x).sum())
+    assert forced.logprob == pytest.approx(expected)
+    assert forced_sample(Sampler(SamplingParams()), logits, 3).logprob is None
