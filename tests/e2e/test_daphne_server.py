@@ -125,6 +125,49 @@ def test_sdk_streamed_answer_equals_non_streamed_and_arrives_token_by_token(sdk)
     assert ended - first > 0.25 * ended, (first, ended)
 
 
+def test_sdk_logprobs_json_schema_and_session_through_the_sdk(sdk):
+    """The decoding surface and the prefix cache as the OpenAI SDK sees them."""
+    completion = sdk.chat.completions.create(
+        model=MODEL, messages=PARIS, temperature=0, max_tokens=16, logprobs=True, top_logprobs=3
+    )
+    content = completion.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == completion.choices[0].message.content
+    assert all(len(t.top_logprobs) == 3 for t in content)
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "big": {"type": "boolean"}},
+        "required": ["city", "big"],
+        "additionalProperties": False,
+    }
+    stream = sdk.chat.completions.create(
+        model=MODEL,
+        messages=PARIS,
+        temperature=1.0,
+        seed=5,
+        max_tokens=80,
+        stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    value = json.loads(text)
+    assert set(value) == {"city", "big"}
+
+    first = sdk.chat.completions.create(
+        model=MODEL, messages=PARIS, temperature=0, max_tokens=16, extra_body={"session_id": "e2e"}
+    )
+    turn_2 = [
+        *PARIS,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And of Germany?"},
+    ]
+    second = sdk.chat.completions.create(
+        model=MODEL, messages=turn_2, temperature=0, max_tokens=16, extra_body={"session_id": "e2e"}
+    )
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == first.usage.prompt_tokens + first.usage.completion_tokens
+
+
 # --- raw HTTP: errors and headers --------------------------------------------------
 
 
