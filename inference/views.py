@@ -5,6 +5,7 @@ Views validate, call the runtime/engine, render. No tensor or tokenizer code her
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -22,6 +23,8 @@ import kernels
 from inference import shutdown
 from inference.engine.chat_template import ChatTemplateError
 from inference.engine.constraints import plan_response_format
+from inference.engine.tool_dialects import CallOpened, dialect_for, parse_tools
+from inference.engine.tool_prompt import call_plan
 from inference.engine.types import (
     ContextOverBudget,
     FinishEvent,
@@ -80,6 +83,8 @@ class ModelsView(APIView):
                 "max_sessions": svc.max_sessions,
                 "max_concurrent": svc.max_concurrent,
             }
+            # A "required" tool call is compelled after an unconstrained think block.
+            row["tool_choice_required_with_thinking"] = svc.think_style
             if svc.context_window:  # omitted when unknown, never 0 (the contract)
                 row["context_window"] = svc.context_window
             data.append(row)
@@ -109,11 +114,18 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             enable_thinking = not getattr(settings, "PANTHEON_NO_THINK", False)
         # On the event loop: rendering and tokenizing take milliseconds; the forward
         # passes run on the engine's own thread.
+        tools = _tools(chat, name)
         try:
-            prompt_ids, think_open = svc.prepare_chat(data["messages"], enable_thinking)
+            prompt_ids, think_open = svc.prepare_chat(
+                data["messages"], enable_thinking, tools.specs, tools.dialect
+            )
         except ChatTemplateError as exc:  # the template refused this conversation
             raise invalid_request(f"cannot render the chat template: {exc}") from None
+        except ValueError as exc:  # a malformed tool call in the history
+            raise invalid_request(str(exc)) from None
         plan, format_status = _response_format(chat)
+        if tools.plan is not None:
+            plan = tools.plan
         budget = chat.requested_reasoning_budget()
         if budget is None:
             budget = svc.config.reasoning_budget
@@ -139,6 +151,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             reasoning_budget=max(0, budget),
             constraint=plan,
             format_status=format_status,
+            tool_dialect=tools.dialect,
+            tools=tuple(tools.specs),
         )
         if stream:
             return await _stream(svc.generate(gen_request), completion, chat.wants_usage)
@@ -149,6 +163,45 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             # The traceback goes to the log, never into the body.
             log.error("chat completion failed", exc_info=exc)
         return error.response()
+
+
+@dataclass(frozen=True)
+class _Tools:
+    dialect: object = None  # None: no tools offered (or tool_choice "none")
+    specs: tuple = ()
+    plan: object = None  # the grammar compelling a call, when one is armed
+
+
+def _tools(chat, model_name: str) -> _Tools:
+    """The request's tools: the dialect of the served name, the parsed specs, and the
+    grammar PANTHEON_TOOL_GRAMMAR arms for this tool_choice (unset: "required" only;
+    1: also a named function; 0: none)."""
+    data = chat.validated_data
+    if not chat.tools_active:
+        return _Tools()
+    try:
+        specs = parse_tools(data["tools"])
+    except ValueError as exc:
+        raise invalid_request(f"tools: {exc}") from None
+    dialect = dialect_for(model_name)
+    choice = data.get("tool_choice") or "auto"
+    setting = getattr(settings, "PANTHEON_TOOL_GRAMMAR", None)
+    only = None
+    if isinstance(choice, dict):
+        function = choice.get("function") if choice.get("type") == "function" else None
+        only = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(only, str) or only not in {t.name for t in specs}:
+            raise invalid_request("tool_choice: expected a function named in `tools`")
+    elif choice not in ("auto", "required", "none"):
+        raise invalid_request('tool_choice: expected "auto", "none", "required" or a function')
+    compel = (choice == "required" and setting is not False) or (only and setting is True)
+    plan = None
+    if compel:
+        try:
+            plan = call_plan(dialect, data["tools"], only)
+        except ValueError as exc:
+            raise invalid_request(f"tools: {exc}") from None
+    return _Tools(dialect, tuple(specs), plan)
 
 
 def _response_format(chat) -> tuple[object, str | None]:
@@ -173,6 +226,36 @@ def _worst_status(statuses) -> str | None:
     if not statuses:
         return None
     return "not_enforced" if "not_enforced" in statuses else statuses[0]
+
+
+def tool_call_json(call) -> dict:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+    }
+
+
+def tool_call_error_json(error) -> dict:
+    body = {"code": error.code, "message": error.message}
+    if error.function:
+        body["function"] = error.function
+    if error.parameter:
+        body["parameter"] = error.parameter
+    return body
+
+
+def tool_call_delta_json(delta) -> dict:
+    """A stream's tool-call delta: the opening (id, type, name, empty arguments) or a
+    piece of the arguments."""
+    if isinstance(delta, CallOpened):
+        return {
+            "index": delta.index,
+            "id": delta.id,
+            "type": "function",
+            "function": {"name": delta.name, "arguments": ""},
+        }
+    return {"index": delta.index, "function": {"arguments": delta.text}}
 
 
 def logprobs_json(entries) -> dict:
@@ -215,11 +298,14 @@ class _Completion:
         finish_reason: str | None = None,
         index: int = 0,
         logprobs: dict | None = None,
+        tool_call_error: dict | None = None,
         **top: object,
     ) -> bytes:
         choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
         if logprobs is not None:
             choice["logprobs"] = logprobs
+        if tool_call_error is not None:
+            choice["tool_call_error"] = tool_call_error
         return sse_data(
             {
                 "id": self.id,
@@ -296,15 +382,22 @@ async def _complete(events: AsyncGenerator, completion: _Completion) -> JsonResp
         raise GenerationFailed("the engine stream ended without a finish event")
     choices = []
     for index in sorted(finishes):
+        finish = finishes[index]
         message = {"role": "assistant", "content": "".join(parts.get(index, ()))}
         thought = "".join(reasoning.get(index, ()))
         if thought:
             message["reasoning_content"] = thought
+        if finish.tool_calls:
+            message["tool_calls"] = [tool_call_json(call) for call in finish.tool_calls]
+            if not message["content"]:
+                message["content"] = None  # a pure call (the contract)
         choice = {
             "index": index,
             "message": message,
-            "finish_reason": finishes[index].finish_reason,
+            "finish_reason": finish.finish_reason,
         }
+        if finish.tool_call_errors:
+            choice["tool_call_error"] = tool_call_error_json(finish.tool_call_errors[0])
         if completion.logprobs:
             choice["logprobs"] = logprobs_json(logprobs.get(index, ()))
         choices.append(choice)
@@ -369,6 +462,7 @@ async def _sse_events(
                     event.finish_reason,
                     choices,
                     event.response_format_status,
+                    event.tool_call_errors,
                 )
             else:
                 for chunk in _token_chunks(completion, event):
@@ -404,6 +498,8 @@ def _token_chunks(completion: _Completion, event: TokenEvent):
         deltas.append({"reasoning_content": event.reasoning})
     if event.text:
         deltas.append({"content": event.text})
+    for delta in event.tool_calls:
+        deltas.append({"tool_calls": [tool_call_delta_json(delta)]})
     if not deltas and logprobs is not None:
         deltas.append({"content": ""})  # a token whose text is still held back
     for i, delta in enumerate(deltas):
@@ -417,9 +513,12 @@ def _closing_chunk(
     reason: str,
     choices: int,
     format_status: str | None = None,
+    call_errors: tuple = (),
 ) -> bytes:
     n_status = completion.n_status(choices)
     top = {"n_status": n_status} if n_status else {}
+    if call_errors:
+        top["tool_call_error"] = tool_call_error_json(call_errors[0])
     if format_status:
         top["response_format_status"] = format_status
         if format_status == "schema_downgraded" and completion.format_message:

@@ -2,7 +2,9 @@
 
 Each generated token goes: detokenizer (whole UTF-8 characters) -> stop strings (held
 back while they may be starting) -> the think-block splitter (reasoning vs answer, for
-think-style templates) -> a TokenEvent carrying both texts and the token's logprobs.
+think-style templates) -> the tool-call parser (when tools are offered: call markup is
+held back until it is known to be a call or text, never shown as content) -> a
+TokenEvent carrying the texts, the tool-call deltas and the token's logprobs.
 Alongside: the reasoning budget (forces `</think>` after N reasoning tokens), the grammar
 (armed once the think block is closed), and the loop detector. `push` says when the
 choice must end early and why; `finish` flushes what was held back and settles the
@@ -18,10 +20,12 @@ from .repetition import LoopDetector
 from .sampler import Sample
 from .stop_strings import StopStringBuffer
 from .tokenizer import Tokenizer
+from .tool_dialects import ArgumentsDelta, CallOpened, TextDelta
 from .types import GenerationRequest, TokenEvent, TokenLogprob
 
 FINISH_STOP = "stop"
 FINISH_REPETITION = "repetition_loop"
+FINISH_TOOL_CALLS = "tool_calls"
 APPLIED_STATUSES = ("applied", "schema_downgraded")
 
 
@@ -45,6 +49,11 @@ class ChoiceOutput:
             else None
         )
         self.loop = LoopDetector()
+        self.calls = (
+            request.tool_dialect.parser(list(request.tools))
+            if request.tool_dialect is not None
+            else None
+        )
         self.token_ids: list[int] = []  # sampled output, end of turn excluded
         self.content: list[str] = []
         self.reasoning_tokens = 0
@@ -74,16 +83,18 @@ class ChoiceOutput:
                 self.state.arm()
         else:
             reasoning, content = "", text
+        content, calls = self._parse_calls(content, final=False)
         self.content.append(content)
         logprobs = self._logprobs(token_id) if self.want_logprobs else ()
         event = None
-        if content or reasoning or logprobs:
+        if content or reasoning or logprobs or calls:
             event = TokenEvent(
                 text=content,
                 token_ids=(token_id,),
                 index=self.index,
                 reasoning=reasoning,
                 logprobs=logprobs,
+                tool_calls=calls,
             )
         if self.stops.stopped:
             self.stopped_by_string = True
@@ -105,10 +116,38 @@ class ChoiceOutput:
             r1, c1 = self.splitter.push(text)
             r2, c2 = self.splitter.flush()
             reasoning, content = r1 + r2, c1 + c2
+        content, calls = self._parse_calls(content, final=True)
         self.content.append(content)
-        if not (reasoning or content):
+        if not (reasoning or content or calls):
             return None
-        return TokenEvent(text=content, token_ids=(), index=self.index, reasoning=reasoning)
+        return TokenEvent(
+            text=content, token_ids=(), index=self.index, reasoning=reasoning, tool_calls=calls
+        )
+
+    def finish_reason(self, reason: str) -> str:
+        """`tool_calls` when a call was parsed (a loop still outranks it)."""
+        if reason != FINISH_REPETITION and self.parsed_calls:
+            return FINISH_TOOL_CALLS
+        return reason
+
+    @property
+    def parsed_calls(self) -> tuple:
+        return tuple(self.calls.calls) if self.calls is not None else ()
+
+    @property
+    def call_errors(self) -> tuple:
+        return tuple(self.calls.errors) if self.calls is not None else ()
+
+    def _parse_calls(self, content: str, final: bool) -> tuple[str, tuple]:
+        """Answer text through the tool-call parser: (plain text, call deltas)."""
+        if self.calls is None:
+            return content, ()
+        events = self.calls.push(content) if content else []
+        if final:
+            events += self.calls.finish()
+        text = "".join(e.text for e in events if isinstance(e, TextDelta))
+        deltas = tuple(e for e in events if isinstance(e, CallOpened | ArgumentsDelta))
+        return text, deltas
 
     def format_status(self) -> str | None:
         """response_format_status: the static one, or for an enforced format whether the

@@ -45,6 +45,7 @@ from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
 from .sessions import Conversation, Resume, SessionInfo, SessionTable
 from .tokenizer import Tokenizer, spm_merges_of
+from .tool_prompt import with_tools
 from .types import (
     MAX_CHOICES,
     BadSessionBlob,
@@ -331,10 +332,17 @@ class ModelService:
         return self.prepare_chat(messages)[0]
 
     def prepare_chat(
-        self, messages: list[dict], enable_thinking: bool = True
+        self,
+        messages: list[dict],
+        enable_thinking: bool = True,
+        tools: list | None = None,
+        dialect=None,
     ) -> tuple[list[int], bool]:
         """The prompt ids, and whether the answer starts inside a think block. With a
-        think-style template, `enable_thinking` opens the block or prefills a closed one."""
+        think-style template, `enable_thinking` opens the block or prefills a closed one.
+        With a tool `dialect`, the tools and the history's tool turns are rendered in it."""
+        if dialect is not None:
+            messages = with_tools(messages, tools or [], dialect)
         think = self.think_style
         extra = {"enable_thinking": enable_thinking} if think else {}
         text = self.template.render(
@@ -684,8 +692,8 @@ class ModelService:
         if ch is None or ch.req.closed:
             return
         conflict = self._park_session(ch, event)
-        reason = ch.stopped or event.reason
         tail = ch.out.finish()
+        reason = ch.out.finish_reason(ch.stopped or event.reason)
         if tail is not None:
             ch.req.emit(tail)
         usage = Usage(
@@ -704,6 +712,8 @@ class ModelService:
                 index=ch.index,
                 choices=event.choices,
                 response_format_status=ch.out.format_status(),
+                tool_calls=ch.out.parsed_calls,
+                tool_call_errors=ch.out.call_errors,
             )
         )
 

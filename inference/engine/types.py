@@ -84,6 +84,10 @@ class GenerationRequest:
     # status to report when the request sent one (None: it did not).
     constraint: object = None
     format_status: str | None = None
+    # Tool calling: the dialect (tool_dialects.Dialect) whose calls are parsed out of the
+    # answer, and the offered tools (tool_dialects.ToolSpec); None: no tools.
+    tool_dialect: object = None
+    tools: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ class TokenEvent:
     index: int = 0
     reasoning: str = ""
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple = ()  # tool_dialects.CallOpened / ArgumentsDelta, in order
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,8 @@ class FinishEvent:
     index: int = 0
     choices: int = 1
     response_format_status: str | None = None
+    tool_calls: tuple = ()  # tool_dialects.ParsedCall: the calls parsed from the answer
+    tool_call_errors: tuple = ()  # tool_dialects.CallError: calls started, not finished
 
 
 class EngineError(Exception):

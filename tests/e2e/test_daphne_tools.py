@@ -1,0 +1,95 @@
+"""Tool calling through the OpenAI SDK against the real server (Daphne, SmolLM2)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.api.test_tools import ASK, SCHEMAS, TOOLS
+from tests.e2e.daphne_server import running_server
+
+MODEL = "smollm2-135m-instruct"
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def sdk(tmp_path_factory, smollm2_path):
+    openai = pytest.importorskip("openai")
+    with running_server(tmp_path_factory.mktemp("pantheon-tools"), {MODEL: smollm2_path}) as srv:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def validate(name: str, arguments: str) -> None:
+    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+def test_required_calls_through_the_sdk_are_valid_streamed_and_not(sdk):
+    for seed in range(20):
+        completion = sdk.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=160,
+        )
+        choice = completion.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls
+        validate(call.function.name, call.function.arguments)
+        assert not choice.message.content
+    for seed in range(20, 40):
+        stream = sdk.chat.completions.create(
+            model=MODEL,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=160,
+            stream=True,
+        )
+        name, arguments, content, finish = None, "", "", None
+        for chunk in stream:
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for tc in choice.delta.tool_calls or []:
+                    if tc.id:
+                        assert name is None
+                        name = tc.function.name
+                    arguments += tc.function.arguments or ""
+                finish = choice.finish_reason or finish
+        assert finish == "tool_calls" and "<tool_call>" not in content
+        validate(name, arguments)
+
+
+def test_an_agent_loop_through_the_sdk(sdk):
+    first = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        temperature=0,
+        max_tokens=160,
+        extra_body={"session_id": "agent-loop"},
+    )
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *ASK,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 31}'},
+    ]
+    final = sdk.chat.completions.create(
+        model=MODEL,
+        messages=history,
+        tools=TOOLS,
+        temperature=0,
+        max_tokens=48,
+        extra_body={"session_id": "agent-loop"},
+    )
+    assert final.usage.prompt_tokens_details.cached_tokens > 0
+    assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
