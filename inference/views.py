@@ -195,10 +195,11 @@ def _tools(chat, model_name: str) -> _Tools:
     elif choice not in ("auto", "required", "none"):
         raise invalid_request('tool_choice: expected "auto", "none", "required" or a function')
     compel = (choice == "required" and setting is not False) or (only and setting is True)
+    masked_auto = choice == "auto" and setting is True
     plan = None
-    if compel:
+    if compel or masked_auto:
         try:
-            plan = call_plan(dialect, data["tools"], only)
+            plan = call_plan(dialect, data["tools"], only, optional=masked_auto)
         except ValueError as exc:
             raise invalid_request(f"tools: {exc}") from None
     return _Tools(dialect, tuple(specs), plan)

@@ -216,9 +216,16 @@ def _parameters(name: str, params: dict) -> list[tuple[str, Any, bool]]:
     return order
 
 
-def tool_call_plan(tools: list[dict], only: str | None = None) -> ConstraintPlan:
+def tool_call_plan(
+    tools: list[dict], only: str | None = None, optional: bool = False
+) -> ConstraintPlan:
     """A grammar for exactly one call to one of `tools` (or to the tool named `only`), then
-    the end of turn. Raises ValueError for a malformed tool or an unknown `only`."""
+    the end of turn. Raises ValueError for a malformed tool or an unknown `only`.
+
+    `optional` (tool_choice "auto" with the grammar on): free text, which may end the turn,
+    or free text then one call held to the grammar from its opening tag on. The text and
+    the opener are one lexeme (text that never spells the opener, then the opener), so the
+    lexer never has to take back a "<" it already gave to the text."""
     if not isinstance(tools, list) or not tools:
         raise ValueError("tools must be a non-empty list")
     functions: dict[str, dict] = {}
@@ -252,10 +259,17 @@ def tool_call_plan(tools: list[dict], only: str | None = None) -> ConstraintPlan
         parts.append(_lit("</function>\n"))
         rules.append(f"call_{f}: " + " ".join(parts))
         calls.append(f"call_{f}")
-    lark = "\n".join(
-        [f"start: {_lit('<tool_call>' + chr(10))} ({' | '.join(calls)}) {_lit('</tool_call>')}"]
-        + rules
-    )
+    body = f"({' | '.join(calls)}) {_lit('</tool_call>')}"
+    if optional:
+        text = _without(["<tool_call>"])
+        head = [
+            f"start: TEXT | OPENING {body}",
+            f"TEXT: {_regex(text)}",
+            f"OPENING: {_regex(f'(?:{text})<tool_call>' + chr(92) + 'n')}",
+        ]
+    else:
+        head = [f"start: {_lit('<tool_call>' + chr(10))} {body}"]
+    lark = "\n".join(head + rules)
     grammar = _wrap(lark + "\n")
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:

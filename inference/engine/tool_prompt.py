@@ -64,11 +64,15 @@ def _call_of(call: dict) -> tuple[str, dict]:
     return function["name"], arguments
 
 
-def call_plan(dialect: Dialect, tools: list[dict], only: str | None = None):
+def call_plan(dialect: Dialect, tools: list[dict], only: str | None = None, optional: bool = False):
     """The grammar that compels one well-formed call to an offered tool (or to `only`):
-    the XML dialect's own grammar, or for the JSON dialect a JSON schema of the call."""
+    the XML dialect's own grammar, or for the JSON dialect a JSON schema of the call.
+    `optional` ("auto"): free text, and a call held to the grammar once its opener
+    appears (XML dialect; None for the JSON dialect, whose calls are not masked)."""
     if dialect.name != "json":
-        return tool_call_plan(tools, only)
+        return tool_call_plan(tools, only, optional=optional)
+    if optional:
+        return None
     variants = []
     for spec in parse_tools(tools):
         if only is not None and spec.name != only:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from django.test import AsyncClient
 
-from tests.api.helpers import CHAT
+from tests.api.helpers import CHAT, THINK_TEMPLATE
 
 
 @pytest.fixture
@@ -31,3 +32,23 @@ def asgi_app():
     from django.core.asgi import get_asgi_application
 
     return get_asgi_application()
+
+
+@pytest.fixture
+def thinker(served, smollm2_service):
+    """SmolLM2's weights behind a think-style chat template (a second service over the
+    same arrays)."""
+    from inference.engine.chat_template import ChatTemplate
+    from inference.engine.service import ModelService
+
+    svc = ModelService(
+        replace(smollm2_service.config, name="thinker"),
+        smollm2_service.gguf,
+        smollm2_service.model,
+        smollm2_service.tokenizer,
+        ChatTemplate(THINK_TEMPLATE, eos_token="<|im_end|>"),
+    )
+    served.register("thinker", svc)
+    yield svc
+    served.unregister("thinker")
+    svc.close()

@@ -74,3 +74,12 @@ class AsgiCall:
                 await self.got_chunk.wait()
 
         await asyncio.wait_for(poll(), timeout)
+
+
+# A think-style chat template for SmolLM2 (the `thinker` fixture serves it).
+THINK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -229,33 +228,6 @@ async def test_a_malformed_json_schema_is_a_400(post_chat, served):
 
 
 # --- reasoning --------------------------------------------------------------------------
-
-THINK_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
-    "{% endif %}{% endif %}"
-)
-
-
-@pytest.fixture
-def thinker(served, smollm2_service):
-    """SmolLM2's weights behind a think-style chat template (a second service over the
-    same arrays)."""
-    from inference.engine.chat_template import ChatTemplate
-    from inference.engine.service import ModelService
-
-    svc = ModelService(
-        replace(smollm2_service.config, name="thinker"),
-        smollm2_service.gguf,
-        smollm2_service.model,
-        smollm2_service.tokenizer,
-        ChatTemplate(THINK_TEMPLATE, eos_token="<|im_end|>"),
-    )
-    served.register("thinker", svc)
-    yield svc
-    served.unregister("thinker")
-    svc.close()
 
 
 async def test_reasoning_budget_closes_the_think_block_then_answers(post_chat, thinker):

@@ -213,3 +213,31 @@ async def test_an_agent_loop_uses_the_tool_result_and_the_session_cache(post_cha
         second["usage"]["prompt_tokens_details"]["cached_tokens"]
         >= (first["usage"]["prompt_tokens"])
     )
+
+
+async def test_auto_with_the_grammar_on_masks_a_call_once_it_opens(post_chat, served, settings):
+    settings.PANTHEON_TOOL_GRAMMAR = True
+    for seed in range(3):
+        response = await post_chat(body(tool_choice="auto", temperature=1.0, seed=seed))
+        choice = response.json()["choices"][0]
+        message = choice["message"]
+        if message.get("tool_calls"):
+            assert_one_valid_call(message, choice["finish_reason"])
+        else:
+            assert "<tool_call>" not in message["content"]
+
+
+async def test_a_required_call_is_compelled_after_a_free_think_block(post_chat, thinker):
+    response = await post_chat(
+        body(
+            model="thinker",
+            tool_choice="required",
+            temperature=0,
+            enable_thinking=True,
+            reasoning_budget=8,
+            max_tokens=200,
+        )
+    )
+    choice = response.json()["choices"][0]
+    assert choice["message"].get("reasoning_content")
+    assert_one_valid_call(choice["message"], choice["finish_reason"])

@@ -384,3 +384,26 @@ def test_a_named_tool_choice_calls_only_that_tool(gtok, pieces):
 
 def test_tokenizer_fixture_is_smollm2(smollm2_tokenizer):
     assert isinstance(smollm2_tokenizer, Tokenizer)
+
+
+def test_the_optional_grammar_allows_plain_text_or_text_then_one_valid_call(
+    gtok, pieces, smollm2_tokenizer
+):
+    plan = tool_call_plan(TOOLS, optional=True)
+    ends = set(smollm2_tokenizer.end_of_turn_ids)
+    plain = Constraint(plan, gtok)
+    walk_to(plain, pieces, "Sure, I can help with <b>that</b>.")
+    assert plain.accepting  # the turn may end without a call
+    assert ends <= set(np.flatnonzero(plain.allowed()))
+
+    called = Constraint(plan, gtok)
+    walk_to(called, pieces, "Let me look.\n" + EVENT_CALL)
+    assert called.accepting and called.done
+    # Once the opener is out, the call is compelled: no end of turn, no stray text.
+    inside = Constraint(plan, gtok)
+    walk_to(inside, pieces, "Ok.\n<tool_call>\n")
+    allowed = np.flatnonzero(inside.allowed())
+    assert not ends & set(allowed)
+    assert all(
+        pieces[i].startswith(b"<") or b"<function="[: len(pieces[i])] == pieces[i] for i in allowed
+    )
