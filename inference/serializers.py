@@ -126,8 +126,8 @@ class ChatCompletionRequest(serializers.Serializer):
     enable_thinking = StrictBooleanField(required=False, allow_null=True)
     reasoning_budget = StrictIntegerField(required=False, allow_null=True)
     max_reasoning_tokens = StrictIntegerField(required=False, allow_null=True)
-    # Tool calling is not implemented yet; `tools` is read only to report that it wins
-    # over response_format (response_format_status "ignored_tools_present").
+    # OpenAI tools; their entries and tool_choice are checked in views._tools (the
+    # dialect's parse_tools), which also decides the grammar.
     tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
     tool_choice = serializers.JSONField(required=False, allow_null=True)
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
