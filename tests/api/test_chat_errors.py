@@ -166,7 +166,7 @@ async def test_one_loaded_model_serves_any_model_name(post_chat, served, monkeyp
     svc = next(iter(served.services().values()))
     seen = []
 
-    def prepare_chat(messages, enable_thinking=True):
+    def prepare_chat(messages, *args):
         seen.append(messages)
         raise ChatTemplateError("stop here")
 
@@ -207,7 +207,7 @@ async def test_streamed_prompt_longer_than_the_window_is_422_before_the_stream(
 async def test_an_unexpected_failure_is_500_without_a_traceback(post_chat, served, monkeypatch):
     svc = next(iter(served.services().values()))
 
-    def explode(messages, enable_thinking=True):
+    def explode(messages, *args):
         raise RuntimeError("secret internals /home/x/engine.py line 12")
 
     monkeypatch.setattr(svc, "prepare_chat", explode)
@@ -223,7 +223,7 @@ async def test_a_template_refusal_is_400(post_chat, served, monkeypatch):
 
     svc = next(iter(served.services().values()))
 
-    def refuse(messages, enable_thinking=True):
+    def refuse(messages, *args):
         raise ChatTemplateError("Conversation roles must alternate user/assistant")
 
     monkeypatch.setattr(svc, "prepare_chat", refuse)

@@ -78,6 +78,7 @@ def test_models_lists_served_models_with_their_limits(http, served, smollm2_serv
             "owned_by": "pantheon",
             "max_sessions": smollm2_service.max_sessions,
             "max_concurrent": smollm2_service.max_concurrent,
+            "tool_choice_required_with_thinking": False,  # ChatML has no think block
             "context_window": smollm2_service.context_window,
         }
     ]

@@ -243,3 +243,9 @@ async def test_a_required_call_is_compelled_after_a_free_think_block(post_chat, 
     choice = response.json()["choices"][0]
     assert choice["message"].get("reasoning_content")
     assert_one_valid_call(choice["message"], choice["finish_reason"])
+
+
+async def test_models_say_which_can_compel_a_call_after_thinking(client, thinker):
+    rows = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+    assert rows["thinker"]["tool_choice_required_with_thinking"] is True
+    assert rows["smollm2-135m-instruct"]["tool_choice_required_with_thinking"] is False
