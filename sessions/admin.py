@@ -9,7 +9,6 @@ mirrors the result.
 
 from __future__ import annotations
 
-import base64
 import json
 
 from django.contrib import admin, messages
@@ -20,6 +19,7 @@ from inference.engine.types import EngineError
 from sessions import records
 from sessions.models import SessionRecord
 from sessions.persistence import SUFFIX, file_stem, model_folder, sessions_root
+from sessions.views import export_body
 
 State = SessionRecord.State
 
@@ -30,18 +30,6 @@ def _bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
-
-
-def export_body(exported) -> dict:
-    """The body of POST /admin/session/export for an ExportedSession."""
-    return {
-        "session_id": exported.session_id,
-        "weights_version": exported.weights_version,
-        "n_tok": exported.n_tok,
-        "blob_bytes": len(exported.blob),
-        "blob_b64": base64.b64encode(exported.blob).decode("ascii"),
-        "tokens": list(exported.tokens),
-    }
 
 
 @admin.register(SessionRecord)

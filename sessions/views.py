@@ -116,17 +116,20 @@ def export_session(request: HttpRequest) -> HttpResponse:
     body = parse_json_object(request.body)
     sid = _session_id(body.get("session_id"))
     _, svc = _caching_service(_model_name(body.get("name")))
-    exported = svc.export_session(sid)
-    return json_response(
-        {
-            "session_id": exported.session_id,
-            "weights_version": exported.weights_version,
-            "n_tok": exported.n_tok,
-            "blob_bytes": len(exported.blob),
-            "blob_b64": base64.b64encode(exported.blob).decode("ascii"),
-            "tokens": list(exported.tokens),
-        }
-    )
+    return json_response(export_body(svc.export_session(sid)))
+
+
+def export_body(exported) -> dict:
+    """The body of POST /admin/session/export for an ExportedSession (the console's export
+    action downloads the same)."""
+    return {
+        "session_id": exported.session_id,
+        "weights_version": exported.weights_version,
+        "n_tok": exported.n_tok,
+        "blob_bytes": len(exported.blob),
+        "blob_b64": base64.b64encode(exported.blob).decode("ascii"),
+        "tokens": list(exported.tokens),
+    }
 
 
 @_route("POST")
