@@ -429,13 +429,12 @@ class ModelService:
         try:
             self.sessions.begin_turn(session_id)
         except SessionCapacity as exc:
-            rate = self.stats.prefill_tok_per_s or FALLBACK_PREFILL_TOK_PER_S
+            seconds, rate, measured = self.estimate_prefill_s(n_prompt)
             raise SessionCapacity(
                 f"model {self.name!r}: {exc}; release one (POST /session/release) or retry "
                 f"in {SessionCapacity.retry_after} s. Served without a session, this "
-                f"{n_prompt}-token prompt would re-prefill in about {n_prompt / rate:.1f} s "
-                f"({rate:.0f} tokens/s"
-                f"{' measured' if self.stats.prefill_tok_per_s else ', not yet measured'})."
+                f"{n_prompt}-token prompt would re-prefill in about {seconds:.1f} s "
+                f"({rate:.0f} tokens/s{' measured' if measured else ', not yet measured'})."
             ) from None
 
     def _admissible(self, n_prompt: int) -> None:

@@ -97,6 +97,16 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def _furthest(conversations: Sequence[Conversation], tokens: Sequence[int]) -> Resume:
+    """The conversation sharing the longest prefix with `tokens` (all of it reusable)."""
+    best = Resume()
+    for conv in conversations:
+        shared = shared_prefix(conv.tokens, tokens)
+        if shared > best.shared:
+            best = Resume(conv, shared, shared)
+    return best
+
+
 class SessionTable:
     def __init__(
         self,
@@ -150,12 +160,8 @@ class SessionTable:
         with self._lock:
             session = self._sessions.get(session_id)
             conversations = list(session.conversations) if session else []
-        best = Resume()
-        for conv in conversations:
-            shared = shared_prefix(conv.tokens, prompt)
-            if shared > best.shared:
-                best = Resume(conv, shared, min(shared, len(prompt) - 1))
-        return best
+        best = _furthest(conversations, prompt)
+        return Resume(best.conversation, best.shared, max(0, min(best.shared, len(prompt) - 1)))
 
     def park(self, session_id: str, conversation: Conversation, resumed: Resume) -> bool:
         """Keep a finished turn's history as the id's newest conversation. Returns True
@@ -194,12 +200,9 @@ class SessionTable:
             if session is None:
                 session = self._new_locked(session_id)
             session.last_used = self.clock()
-            best = Resume()
-            for conv in session.conversations:
-                shared = shared_prefix(conv.tokens, conversation.tokens)
-                if shared > best.shared:
-                    best = Resume(conv, shared, shared)
-            self._add_locked(session, conversation, best)
+            self._add_locked(
+                session, conversation, _furthest(session.conversations, conversation.tokens)
+            )
 
     def release(self, session_id: str) -> bool:
         """Forget every conversation of the id now; False if it held none."""
