@@ -23,7 +23,7 @@ import kernels
 from inference import shutdown
 from inference.engine.chat_template import ChatTemplateError
 from inference.engine.constraints import plan_response_format
-from inference.engine.tool_dialects import CallOpened, dialect_for, parse_tools
+from inference.engine.tool_dialects import CallOpened, parse_tools
 from inference.engine.tool_prompt import call_plan
 from inference.engine.types import (
     ContextOverBudget,
@@ -83,8 +83,11 @@ class ModelsView(APIView):
                 "max_sessions": svc.max_sessions,
                 "max_concurrent": svc.max_concurrent,
             }
-            # A "required" tool call is compelled after an unconstrained think block.
-            row["tool_choice_required_with_thinking"] = svc.think_style
+            # A "required" tool call is compelled after an unconstrained think block
+            # (every dialect has a grammar; none when PANTHEON_TOOL_GRAMMAR=0).
+            row["tool_choice_required_with_thinking"] = svc.think_style and (
+                getattr(settings, "PANTHEON_TOOL_GRAMMAR", None) is not False
+            )
             if svc.context_window:  # omitted when unknown, never 0 (the contract)
                 row["context_window"] = svc.context_window
             data.append(row)
@@ -114,7 +117,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             enable_thinking = not getattr(settings, "PANTHEON_NO_THINK", False)
         # On the event loop: rendering and tokenizing take milliseconds; the forward
         # passes run on the engine's own thread.
-        tools = _tools(chat, name)
+        tools = _tools(chat, svc.tool_dialect)
         try:
             prompt_ids, think_open = svc.prepare_chat(
                 data["messages"], enable_thinking, tools.specs, tools.dialect
@@ -153,6 +156,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             format_status=format_status,
             tool_dialect=tools.dialect,
             tools=tuple(tools.specs),
+            tool_compelled=tools.compelled,
         )
         if stream:
             return await _stream(svc.generate(gen_request), completion, chat.wants_usage)
@@ -170,10 +174,11 @@ class _Tools:
     dialect: object = None  # None: no tools offered (or tool_choice "none")
     specs: tuple = ()
     plan: object = None  # the grammar compelling a call, when one is armed
+    compelled: bool = False  # tool_choice "required" or a named function
 
 
-def _tools(chat, model_name: str) -> _Tools:
-    """The request's tools: the dialect of the served name, the parsed specs, and the
+def _tools(chat, dialect) -> _Tools:
+    """The request's tools: the dialect the model writes, the parsed specs, and the
     grammar PANTHEON_TOOL_GRAMMAR arms for this tool_choice (unset: "required" only;
     1: also a named function; 0: none)."""
     data = chat.validated_data
@@ -183,7 +188,6 @@ def _tools(chat, model_name: str) -> _Tools:
         specs = parse_tools(data["tools"])
     except ValueError as exc:
         raise invalid_request(f"tools: {exc}") from None
-    dialect = dialect_for(model_name)
     choice = data.get("tool_choice") or "auto"
     setting = getattr(settings, "PANTHEON_TOOL_GRAMMAR", None)
     only = None
@@ -202,7 +206,7 @@ def _tools(chat, model_name: str) -> _Tools:
             plan = call_plan(dialect, data["tools"], only, optional=masked_auto)
         except ValueError as exc:
             raise invalid_request(f"tools: {exc}") from None
-    return _Tools(dialect, tuple(specs), plan)
+    return _Tools(dialect, tuple(specs), plan, compelled=choice == "required" or bool(only))
 
 
 def _response_format(chat) -> tuple[object, str | None]:

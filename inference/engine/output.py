@@ -106,8 +106,11 @@ class ChoiceOutput:
             return event, FINISH_STOP
         return event, None
 
-    def finish(self) -> TokenEvent | None:
-        """The text held back (unless a stop string ended the choice: it stays unsaid)."""
+    def finish(self, ended_by_model: bool = False) -> TokenEvent | None:
+        """The text held back (unless a stop string ended the choice: it stays unsaid).
+        `ended_by_model`: the model chose the end of turn (not a limit, stop string or
+        loop); a compelled call it left open where only closing tags are missing is
+        closed here, as if the model had written them."""
         if self.stopped_by_string:
             return None
         text = self.stops.push(self.detok.flush()) + self.stops.flush()
@@ -116,7 +119,8 @@ class ChoiceOutput:
             r1, c1 = self.splitter.push(text)
             r2, c2 = self.splitter.flush()
             reasoning, content = r1 + r2, c1 + c2
-        content, calls = self._parse_calls(content, final=True)
+        close = ended_by_model and self.request.tool_compelled
+        content, calls = self._parse_calls(content, final=True, close_open_call=close)
         self.content.append(content)
         if not (reasoning or content or calls):
             return None
@@ -138,11 +142,16 @@ class ChoiceOutput:
     def call_errors(self) -> tuple:
         return tuple(self.calls.errors) if self.calls is not None else ()
 
-    def _parse_calls(self, content: str, final: bool) -> tuple[str, tuple]:
+    def _parse_calls(
+        self, content: str, final: bool, close_open_call: bool = False
+    ) -> tuple[str, tuple]:
         """Answer text through the tool-call parser: (plain text, call deltas)."""
         if self.calls is None:
             return content, ()
         events = self.calls.push(content) if content else []
+        closing = self.calls.closing_text() if close_open_call else None
+        if closing:
+            events += self.calls.push(closing)
         if final:
             events += self.calls.finish()
         text = "".join(e.text for e in events if isinstance(e, TextDelta))

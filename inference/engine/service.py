@@ -45,6 +45,7 @@ from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
 from .sessions import Conversation, Resume, SessionInfo, SessionTable
 from .tokenizer import Tokenizer, spm_merges_of
+from .tool_dialects import dialect_for
 from .tool_prompt import with_tools
 from .types import (
     MAX_CHOICES,
@@ -327,6 +328,13 @@ class ModelService:
     def think_style(self) -> bool:
         """The chat template knows `<think>` blocks (reasoning is split from the answer)."""
         return is_think_template(self.template.source)
+
+    @property
+    def tool_dialect(self):
+        """The tool-call dialect this model writes (tool_dialects.dialect_for): BOS is
+        added when the template spells `bos_token` or the tokenizer prepends it."""
+        adds_bos = self.tokenizer.add_bos or "bos_token" in self.template.source
+        return dialect_for(self.name, self.architecture, adds_bos)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         return self.prepare_chat(messages)[0]
@@ -691,7 +699,7 @@ class ModelService:
         if ch is None or ch.req.closed:
             return
         conflict = self._park_session(ch, event)
-        tail = ch.out.finish()
+        tail = ch.out.finish(ended_by_model=ch.stopped is None and event.reason == "stop")
         reason = ch.out.finish_reason(ch.stopped or event.reason)
         if tail is not None:
             ch.req.emit(tail)

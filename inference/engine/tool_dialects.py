@@ -1,7 +1,9 @@
 """OpenAI tool calling in the dialects models write: the tools' system text, replaying a
 call or a result into a prompt, and parsing a streamed answer into calls.
 
-Qwen3-Coder XML is the default; served names starting "ornith" write JSON objects.
+Qwen3-Coder XML is the default; MiniCPM (llama architecture, a template that adds BOS)
+writes the same XML with attribute-style names; served names starting "ornith" write
+JSON objects.
 `CallParser.push` holds markup back until it is known to be a call or plain text, and
 decides only on the text seen so far, so any chunking of one answer gives the same
 calls, errors and content. Pure: no Django, no model.
@@ -239,6 +241,13 @@ class CallParser:
     def _step(self, final: bool) -> bool:  # progress made
         raise NotImplementedError
 
+    def closing_text(self) -> str | None:
+        """The markup that would close the call open at this point, when the text so far
+        ends exactly where the call may be closed (all it still lacks is its closing
+        tags); else None. A compelled call whose model ended the turn there gets it
+        appended (the contract's "the serve appends the closing text")."""
+        return None
+
     def _at_end(self) -> None:
         raise NotImplementedError
 
@@ -271,17 +280,37 @@ class CallParser:
         return props.get(parameter) if isinstance(props, dict) else None
 
 
-# Qwen3-Coder XML
+# XML: Qwen3-Coder's <function=NAME> tags, and MiniCPM's attribute form <function name="NAME">
 
 _X_OPEN, _X_CLOSE = "<tool_call>", "</tool_call>"
-_X_FUNC, _X_FUNC_END = "<function=", "</function>"
-_X_PARAM, _X_PARAM_END = "<parameter=", "</parameter>"
+_X_FUNC_END, _X_PARAM_END = "</function>", "</parameter>"
 _TEXT, _FUNC, _PARAMS, _VALUE, _END, _SKIP, _OBJECT, _FENCE_AFTER = range(8)
 
 
+@dataclass(frozen=True)
+class XmlTags:
+    """How an XML dialect spells the tags that carry a name: `<function=NAME>` (Qwen3-Coder)
+    or `<function name="NAME">` (MiniCPM). The rest of the markup is the same."""
+
+    function: str  # up to the name
+    parameter: str
+    name_end: str  # after the name
+
+    def function_tag(self, name: str) -> str:
+        return f"{self.function}{name}{self.name_end}"
+
+    def parameter_tag(self, name: str) -> str:
+        return f"{self.parameter}{name}{self.name_end}"
+
+
+QWEN_TAGS = XmlTags("<function=", "<parameter=", ">")
+MINICPM_TAGS = XmlTags('<function name="', '<parameter name="', '">')
+
+
 class _XmlParser(CallParser):
-    def __init__(self, tools: list[ToolSpec]):
+    def __init__(self, tools: list[ToolSpec], tags: XmlTags = QWEN_TAGS):
         super().__init__(tools)
+        self._tags = tags
         self._state = _TEXT
         self._call: CallOpened | None = None
         self._args: dict[str, Any] = {}
@@ -323,11 +352,15 @@ class _XmlParser(CallParser):
         if not rest:
             return False
         if self._state == _FUNC:
-            return self._tag(rest, {_X_FUNC: self._function})
+            return self._tag(rest, {self._tags.function: self._function})
         if self._state == _PARAMS:
             return self._tag(
                 rest,
-                {_X_PARAM: self._parameter, _X_FUNC_END: self._function_end, _X_CLOSE: None},
+                {
+                    self._tags.parameter: self._parameter,
+                    _X_FUNC_END: self._function_end,
+                    _X_CLOSE: None,
+                },
             )
         # _END
         return self._tag(rest, {_X_CLOSE: self._call_end})
@@ -336,14 +369,15 @@ class _XmlParser(CallParser):
         """Dispatch on the tag `rest` starts with; False to wait for more text."""
         for tag, then in tags.items():
             if rest.startswith(tag):
-                if tag.endswith("="):  # <function=NAME> / <parameter=NAME>
-                    end = rest.find(">", len(tag))
+                if tag in (self._tags.function, self._tags.parameter):  # a tag with a name
+                    name_end = self._tags.name_end
+                    end = rest.find(name_end, len(tag))
                     name = rest[len(tag) : end if end >= 0 else len(rest)]
-                    if "\n" in name or "<" in name:
-                        return self._malformed(f"bad {tag}...> tag")
+                    if "\n" in name or "<" in name or ">" in name:
+                        return self._malformed(f"bad {tag}...{name_end} tag")
                     if end < 0:
                         return False
-                    self._buf = rest[end + 1 :]
+                    self._buf = rest[end + len(name_end) :]
                     then(name.strip())
                     return True
                 self._buf = rest[len(tag) :]
@@ -405,6 +439,11 @@ class _XmlParser(CallParser):
         self._out.append(ArgumentsDelta(self._call.index, "}" if self._args else "{}"))
         self._close(self._call, self._args)
         self._state, self._skip_ws = _TEXT, True
+
+    def closing_text(self) -> str | None:
+        if self._buf.strip() or self._finished:
+            return None
+        return {_PARAMS: f"{_X_FUNC_END}\n{_X_CLOSE}", _END: _X_CLOSE}.get(self._state)
 
     def _at_end(self) -> None:
         buf = self._buf
@@ -664,21 +703,27 @@ class Dialect:
         raise NotImplementedError
 
 
-class _QwenXml(Dialect):
+class _XmlDialect(Dialect):
+    """Calls as <tool_call><function ...><parameter ...>VALUE</parameter></function>
+    </tool_call>, one line per tag, the function and parameter names spelled by `tags`."""
+
     name = "qwen3_coder_xml"
+    tags = QWEN_TAGS
 
     def system_text(self, tools: list[ToolSpec]) -> str:
         listing = "\n".join(_tool_json(t) for t in tools)
+        t = self.tags
         return (
             "# Tools\n\nYou may call one or more of these functions:\n\n"
             f"<tools>\n{listing}\n</tools>\n\n"
             "To call a function, write exactly this and nothing after it:\n\n"
-            "<tool_call>\n<function=example_function_name>\n"
-            "<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
-            "<parameter=example_parameter_2>\nA value may span\nseveral lines\n</parameter>\n"
-            "</function>\n</tool_call>\n\n"
+            f"<tool_call>\n{t.function_tag('example_function_name')}\n"
+            f"{t.parameter_tag('example_parameter_1')}\nvalue_1\n</parameter>\n"
+            f"{t.parameter_tag('example_parameter_2')}\nA value may span\nseveral lines\n"
+            "</parameter>\n</function>\n</tool_call>\n\n"
             "Rules:\n"
-            "- Each call is a <function=...></function> block inside <tool_call></tool_call>.\n"
+            f"- Each call is a {t.function_tag('...')}</function> block inside "
+            "<tool_call></tool_call>.\n"
             "- Give every required parameter. Strings are written as they are; numbers, "
             "booleans and null as JSON; objects and arrays as JSON.\n"
             "- You may explain your reasoning before the calls, not after them.\n"
@@ -686,10 +731,10 @@ class _QwenXml(Dialect):
         )
 
     def render_call(self, name: str, arguments: dict) -> str:
-        parts = [f"{_X_OPEN}\n{_X_FUNC}{name}>\n"]
+        parts = [f"{_X_OPEN}\n{self.tags.function_tag(name)}\n"]
         for key, value in arguments.items():
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            parts.append(f"{_X_PARAM}{key}>\n{text}\n{_X_PARAM_END}\n")
+            parts.append(f"{self.tags.parameter_tag(key)}\n{text}\n{_X_PARAM_END}\n")
         parts.append(f"{_X_FUNC_END}\n{_X_CLOSE}")
         return "".join(parts)
 
@@ -697,7 +742,14 @@ class _QwenXml(Dialect):
         return f"<tool_response>\n{content}\n</tool_response>"
 
     def parser(self, tools: list[ToolSpec]) -> CallParser:
-        return _XmlParser(tools)
+        return _XmlParser(tools, self.tags)
+
+
+class _MiniCpmXml(_XmlDialect):
+    """MiniCPM's attribute form: <function name="NAME">, <parameter name="ARG">."""
+
+    name = "minicpm_xml"
+    tags = MINICPM_TAGS
 
 
 class _Json(Dialect):
@@ -726,10 +778,19 @@ class _Json(Dialect):
         return _JsonParser(tools)
 
 
-QWEN_XML: Dialect = _QwenXml()
+QWEN_XML: Dialect = _XmlDialect()
+MINICPM_XML: Dialect = _MiniCpmXml()
 JSON_DIALECT: Dialect = _Json()
 
 
-def dialect_for(model_name: str) -> Dialect:
-    """The dialect a served model writes: "ornith*" -> JSON, else Qwen3-Coder XML."""
-    return JSON_DIALECT if model_name.lower().startswith("ornith") else QWEN_XML
+def dialect_for(
+    model_name: str, architecture: str = "", template_adds_bos: bool = False
+) -> Dialect:
+    """The dialect a served model writes (the contract's table): served names starting
+    "ornith" -> JSON; llama-architecture models whose chat template adds BOS (MiniCPM) ->
+    MiniCPM XML; else Qwen3-Coder XML."""
+    if model_name.lower().startswith("ornith"):
+        return JSON_DIALECT
+    if architecture == "llama" and template_adds_bos:
+        return MINICPM_XML
+    return QWEN_XML

@@ -1,6 +1,7 @@
 """Tool calls: OpenAI `tools` -> an llguidance Lark grammar compelling one well-formed call.
 
-The call is written in the Qwen3-Coder XML dialect:
+The call is written in an XML dialect; Qwen3-Coder's spelling (MiniCPM's differs only in
+the named tags, `<function name="NAME">` and `<parameter name="ARG">`, see XmlTags):
 
     <tool_call>
     <function=NAME>
@@ -16,7 +17,9 @@ most MAX_STRING_CHARS characters, within its minLength/maxLength); a plain integ
 boolean or null is its JSON spelling; an enum of strings is one of its raw values; anything
 else (objects, arrays, bounded numbers, unions) is JSON matching the schema, via llguidance's
 %json. Required parameters come first, in `properties` order, then each optional one may
-appear, also in `properties` order. The caller parses the call and validates its arguments
+appear, also in `properties` order. A compelled call (`closable`) may end the turn wherever
+only its closing tags are missing: after any parameter once the required ones are
+written, or after </function>; the caller then appends the closing text. The caller parses the call and validates its arguments
 against the tool's schema afterwards (a raw string's pattern or format is not enforced).
 """
 
@@ -29,11 +32,13 @@ from typing import Any
 import llguidance
 
 from inference.engine.constraints import _COMPILE_DEFAULTS, _STRICT, ConstraintPlan
+from inference.engine.tool_dialects import QWEN_TAGS, XmlTags
 
 MAX_STRING_CHARS = 2000
 
 _CLOSE_PARAMETER = "\n</parameter>\n"
-# Names are spelled inside the XML tags: a ">" or a line break would end the tag early.
+# Names are spelled inside the XML tags: a ">" or a line break would end the tag early
+# (without ">", MiniCPM's name="..." closes unambiguously at the first '">').
 _BAD_NAME = re.compile(r"[<>\s]")
 # An integer and a number, as JSON spells them (no leading zeros: json.loads reads them).
 _INTEGER = r"-?(0|[1-9][0-9]*)"
@@ -217,7 +222,11 @@ def _parameters(name: str, params: dict) -> list[tuple[str, Any, bool]]:
 
 
 def tool_call_plan(
-    tools: list[dict], only: str | None = None, optional: bool = False
+    tools: list[dict],
+    only: str | None = None,
+    optional: bool = False,
+    tags: XmlTags = QWEN_TAGS,
+    closable: bool = False,
 ) -> ConstraintPlan:
     """A grammar for exactly one call to one of `tools` (or to the tool named `only`), then
     the end of turn. Raises ValueError for a malformed tool or an unknown `only`.
@@ -225,7 +234,10 @@ def tool_call_plan(
     `optional` (tool_choice "auto" with the grammar on): free text, which may end the turn,
     or free text then one call held to the grammar from its opening tag on. The text and
     the opener are one lexeme (text that never spells the opener, then the opener), so the
-    lexer never has to take back a "<" it already gave to the text."""
+    lexer never has to take back a "<" it already gave to the text.
+
+    `tags`: the dialect's spelling of the named tags. `closable` ("required" or a named
+    function): the end of turn is also allowed where only the closing tags are missing."""
     if not isinstance(tools, list) or not tools:
         raise ValueError("tools must be a non-empty list")
     functions: dict[str, dict] = {}
@@ -243,23 +255,27 @@ def tool_call_plan(
     calls: list[str] = []
     warnings: list[str] = []
     for f, (name, params) in enumerate(functions.items()):
-        parts = [_lit(f"<function={name}>\n")]
+        parts = [_lit(tags.function_tag(name) + "\n")]
         for p, (arg, schema, required) in enumerate(_parameters(name, params)):
             value, is_token, warning = _value(schema)
             if warning:
                 warnings.append(f"{name}.{arg}: {warning}")
             rule = f"f{f}_p{p}"
-            opening = _lit(f"<parameter={arg}>\n")
+            opening = _lit(tags.parameter_tag(arg) + "\n")
             if is_token:
                 rules.append(f"{rule.upper()}_V: {value}")
                 rules.append(f"{rule}: {opening} {rule.upper()}_V")
             else:
                 rules.append(f"{rule}: {opening} {value}")
             parts.append(rule if required else f"{rule}?")
-        parts.append(_lit("</function>\n"))
         rules.append(f"call_{f}: " + " ".join(parts))
         calls.append(f"call_{f}")
-    body = f"({' | '.join(calls)}) {_lit('</tool_call>')}"
+    function_end, call_end = _lit("</function>\n"), _lit("</tool_call>")
+    if closable and not optional:  # the turn may end where only closing tags are missing
+        tail = f"({function_end} {call_end}?)?"
+    else:
+        tail = f"{function_end} {call_end}"
+    body = f"({' | '.join(calls)}) {tail}"
     if optional:
         text = _without(["<tool_call>"])
         head = [

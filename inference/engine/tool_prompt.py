@@ -66,11 +66,14 @@ def _call_of(call: dict) -> tuple[str, dict]:
 
 def call_plan(dialect: Dialect, tools: list[dict], only: str | None = None, optional: bool = False):
     """The grammar that compels one well-formed call to an offered tool (or to `only`):
-    the XML dialect's own grammar, or for the JSON dialect a JSON schema of the call.
+    the XML dialects' own grammar, or for the JSON dialect a JSON schema of the call.
     `optional` ("auto"): free text, and a call held to the grammar once its opener
-    appears (XML dialect; None for the JSON dialect, whose calls are not masked)."""
-    if dialect.name != "json":
-        return tool_call_plan(tools, only, optional=optional)
+    appears (XML dialects; None for the JSON dialect, whose calls are not masked).
+    A compelled XML call may end where only its closing tags are missing (the output
+    appends them: ChoiceOutput.finish)."""
+    tags = getattr(dialect, "tags", None)
+    if tags is not None:
+        return tool_call_plan(tools, only, optional=optional, tags=tags, closable=not optional)
     if optional:
         return None
     variants = []

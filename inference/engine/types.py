@@ -88,6 +88,9 @@ class GenerationRequest:
     # answer, and the offered tools (tool_dialects.ToolSpec); None: no tools.
     tool_dialect: object = None
     tools: tuple = ()
+    # tool_choice "required" or a named function: a turn the model ends (end token) where
+    # only the call's closing tags are missing gets them appended.
+    tool_compelled: bool = False
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,24 @@ def thinker(served, smollm2_service):
     yield svc
     served.unregister("thinker")
     svc.close()
+
+
+@pytest.fixture
+def minicpm_like(served, smollm2_service):
+    """SmolLM2's weights behind its own template with `{{ bos_token }}` in front: a llama
+    model whose template adds BOS, which the contract serves in the MiniCPM XML dialect."""
+    from inference.engine.chat_template import ChatTemplate
+    from inference.engine.service import ModelService
+
+    base = smollm2_service.template
+    svc = ModelService(
+        replace(smollm2_service.config, name="minicpm-like"),
+        smollm2_service.gguf,
+        smollm2_service.model,
+        smollm2_service.tokenizer,
+        ChatTemplate("{{ bos_token }}" + base.source, base.bos_token, base.eos_token),
+    )
+    served.register("minicpm-like", svc)
+    yield svc
+    served.unregister("minicpm-like")
+    svc.close()

@@ -8,6 +8,7 @@ import json
 import jsonschema
 import pytest
 
+from inference.engine.tool_dialects import MINICPM_XML, parse_tools
 from tests.api.helpers import read_stream
 
 pytestmark = pytest.mark.anyio
@@ -245,7 +246,91 @@ async def test_a_required_call_is_compelled_after_a_free_think_block(post_chat, 
     assert_one_valid_call(choice["message"], choice["finish_reason"])
 
 
-async def test_models_say_which_can_compel_a_call_after_thinking(client, thinker):
+async def test_models_say_which_can_compel_a_call_after_thinking(client, thinker, settings):
     rows = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
     assert rows["thinker"]["tool_choice_required_with_thinking"] is True
     assert rows["smollm2-135m-instruct"]["tool_choice_required_with_thinking"] is False
+    settings.PANTHEON_TOOL_GRAMMAR = False  # no grammar: nothing can be compelled
+    rows = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+    assert rows["thinker"]["tool_choice_required_with_thinking"] is False
+
+
+LOOKUP = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "word": {"type": "string", "maxLength": 20},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 9},
+                },
+                "required": ["word"],
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_compelled_call_the_model_ends_early_is_closed_by_the_server(
+    post_chat, served, smollm2_service, stream
+):
+    """The end token, pushed up by +100, is refused until `word` is written; the model then
+    ends the turn before the closing tags, and the server appends them."""
+    eos = smollm2_service.tokenizer.eos_id
+    request = {
+        "messages": [{"role": "user", "content": "Define 'apple'."}],
+        "tools": LOOKUP,
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 60,
+        "logit_bias": {str(eos): 100},
+        "stream": stream,
+    }
+    response = await post_chat(request)
+    if stream:
+        events = await read_stream(response)
+        deltas = [
+            tc for e in events[:-1] for c in e["choices"] for tc in c["delta"].get("tool_calls", [])
+        ]
+        [finish] = [c for e in events[:-1] for c in e["choices"] if c["finish_reason"]]
+        assert "tool_call_error" not in finish
+        name = [tc["function"]["name"] for tc in deltas if "id" in tc]
+        arguments = "".join(tc["function"]["arguments"] for tc in deltas)
+        message = {
+            "tool_calls": [
+                {
+                    "id": "call_x",
+                    "type": "function",
+                    "function": {"name": name[0], "arguments": arguments},
+                }
+            ]
+        }
+        reason = finish["finish_reason"]
+    else:
+        data = response.json()
+        choice = data["choices"][0]
+        assert "tool_call_error" not in choice
+        message, reason = choice["message"], choice["finish_reason"]
+        assert data["usage"]["completion_tokens"] < 60  # ended by the model, not the limit
+    assert reason == "tool_calls"
+    [call] = message["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    # The end came at the first place the call could close: right after `word`.
+    assert list(arguments) == ["word"] and arguments["word"]
+
+
+async def test_a_minicpm_like_model_calls_in_the_attribute_dialect(post_chat, minicpm_like):
+    assert minicpm_like.tool_dialect is MINICPM_XML
+    ids, _ = minicpm_like.prepare_chat(ASK, tools=parse_tools(TOOLS), dialect=MINICPM_XML)
+    assert '<function name="example_function_name">' in minicpm_like.tokenizer.decode(ids)
+    for seed in range(3):
+        response = await post_chat(
+            body(model="minicpm-like", tool_choice="required", temperature=1.0, seed=seed)
+        )
+        choice = response.json()["choices"][0]
+        assert_one_valid_call(choice["message"], choice["finish_reason"])
+        assert choice["message"]["content"] is None

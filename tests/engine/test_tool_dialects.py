@@ -11,6 +11,7 @@ import pytest
 
 from inference.engine.tool_dialects import (
     JSON_DIALECT,
+    MINICPM_XML,
     QWEN_XML,
     ArgumentsDelta,
     CallClosed,
@@ -311,9 +312,25 @@ JSON_CORPUS = [
 ]
 
 
+def _attribute_form(text: str) -> str:
+    """A Qwen XML answer in MiniCPM's spelling: <function name="N">, <parameter name="A">."""
+    return re.sub(
+        r"<(function|parameter)=([^<>\n]*)(>?)",
+        lambda m: f'<{m[1]} name="{m[2]}' + ('">' if m[3] else ""),
+        text,
+    )
+
+
+def _minicpm_case(case):
+    name, text, calls, errors, content = case
+    content = content if content is None else _attribute_form(content)
+    return pytest.param(MINICPM_XML, _attribute_form(text), calls, errors, content, id=name)
+
+
 @pytest.mark.parametrize(
     "dialect,text,calls,errors,content",
     [pytest.param(QWEN_XML, *case[1:], id="xml-" + case[0]) for case in XML_CORPUS]
+    + [_minicpm_case((f"minicpm-{c[0]}", *c[1:])) for c in XML_CORPUS]
     + [pytest.param(JSON_DIALECT, *case[1:], id="json-" + case[0]) for case in JSON_CORPUS],
 )
 def test_it_parses_the_same_however_the_answer_is_chunked(dialect, text, calls, errors, content):
@@ -323,8 +340,8 @@ def test_it_parses_the_same_however_the_answer_is_chunked(dialect, text, calls, 
     assert got_calls == calls
     assert got_errors == errors
     assert got_content == (text if content is None else content)
-    if dialect is QWEN_XML:
-        for tag in ("<tool_call>", "</tool_call>", "<parameter=", "</parameter>", "</function>"):
+    if dialect is not JSON_DIALECT:
+        for tag in ("<tool_call>", "</tool_call>", dialect.tags.parameter, "</parameter>"):
             assert tag not in got_content
 
 
@@ -378,7 +395,12 @@ ROUND_TRIP_ARGS = [
 ]
 
 
-@pytest.mark.parametrize("dialect", [QWEN_XML, JSON_DIALECT], ids=["xml", "json"])
+XML_DIALECTS = [QWEN_XML, MINICPM_XML]
+ALL_DIALECTS = [*XML_DIALECTS, JSON_DIALECT]
+DIALECT_IDS = ["xml", "minicpm", "json"]
+
+
+@pytest.mark.parametrize("dialect", ALL_DIALECTS, ids=DIALECT_IDS)
 @pytest.mark.parametrize("arguments", ROUND_TRIP_ARGS)
 def test_a_rendered_call_parses_back(dialect, arguments):
     name = "plot" if "points" in arguments or "title" in arguments else "get_weather"
@@ -392,13 +414,17 @@ def test_a_rendered_call_parses_back(dialect, arguments):
         assert parser.errors == [] and parser.content == ""
 
 
-@pytest.mark.parametrize("dialect", [QWEN_XML, JSON_DIALECT], ids=["xml", "json"])
+@pytest.mark.parametrize("dialect", ALL_DIALECTS, ids=DIALECT_IDS)
 def test_system_text_names_every_tool_and_the_syntax(dialect):
     text = dialect.system_text(TOOLS)
     for tool in TOOLS:
         assert tool.name in text
         assert json.dumps(tool.parameters) in text
-    syntax = "<tool_call>\n<function=" if dialect is QWEN_XML else '{"name": '
+    syntax = {
+        QWEN_XML: "<tool_call>\n<function=",
+        MINICPM_XML: '<tool_call>\n<function name="example_function_name">\n<parameter name="',
+        JSON_DIALECT: '{"name": ',
+    }[dialect]
     assert syntax in text
 
 
@@ -407,10 +433,47 @@ def test_render_result():
     assert json.loads(JSON_DIALECT.render_result("42", "f")) == {"name": "f", "content": "42"}
 
 
-def test_dialect_is_chosen_by_served_name():
+def test_dialect_is_chosen_by_served_name_and_architecture():
     assert dialect_for("ornith-7b") is JSON_DIALECT
+    assert dialect_for("ornith-7b", "llama", True) is JSON_DIALECT
     assert dialect_for("qwen3-coder") is QWEN_XML
     assert dialect_for("my-ornith") is QWEN_XML
+    assert dialect_for("minicpm5", "llama", template_adds_bos=True) is MINICPM_XML
+    assert dialect_for("smollm2", "llama", template_adds_bos=False) is QWEN_XML
+    assert dialect_for("qwen3", "qwen3", template_adds_bos=True) is QWEN_XML
+
+
+@pytest.mark.parametrize("dialect", XML_DIALECTS, ids=["xml", "minicpm"])
+@pytest.mark.parametrize(
+    "written,closing",
+    [
+        ("", None),  # before the call opens: nothing to close
+        ("<tool_call>\n", None),  # no function yet
+        ("<tool_call>\nFUNC\nPARAM\nPar", None),  # inside a value
+        ("<tool_call>\nFUNC\n", "</function>\n</tool_call>"),
+        ("<tool_call>\nFUNC\nPARAM\nParis\n</parameter>\n", "</function>\n</tool_call>"),
+        ("<tool_call>\nFUNC\nPARAM\nParis\n</parameter>\n</function>\n", "</tool_call>"),
+        ("<tool_call>\nFUNC\nPARAM\nParis\n</parameter>\n</funct", None),
+    ],
+)
+def test_closing_text_closes_a_call_only_where_only_closing_tags_are_missing(
+    dialect, written, closing
+):
+    written = written.replace("FUNC", dialect.tags.function_tag("get_weather"))
+    written = written.replace("PARAM", dialect.tags.parameter_tag("city"))
+    parser = dialect.parser(TOOLS)
+    parser.push(written)
+    assert parser.closing_text() == closing
+    if closing is not None:
+        parser.push(closing)
+        parser.finish()
+        assert [c.name for c in parser.calls] == ["get_weather"] and parser.errors == []
+
+
+def test_json_calls_are_never_closed_by_the_server():
+    parser = JSON_DIALECT.parser(TOOLS)
+    parser.push('{"name": "get_weather", "arguments": {"city": "Paris"}')
+    assert parser.closing_text() is None
 
 
 def test_parse_tools_accepts_openai_entries():

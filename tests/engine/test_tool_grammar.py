@@ -407,3 +407,52 @@ def test_the_optional_grammar_allows_plain_text_or_text_then_one_valid_call(
     assert all(
         pieces[i].startswith(b"<") or b"<function="[: len(pieces[i])] == pieces[i] for i in allowed
     )
+
+
+# -- dialect spellings and the compelled call's early end ----------------------------------
+
+
+def test_minicpm_tags_spell_the_names_as_attributes(gtok, pieces):
+    from inference.engine.tool_dialects import MINICPM_TAGS
+
+    plan = tool_call_plan(TOOLS, tags=MINICPM_TAGS)
+    c = Constraint(plan, gtok)
+    attribute_form = re.sub(r"<(function|parameter)=(\w+)>", r'<\1 name="\2">', EVENT_CALL)
+    walk_to(c, pieces, attribute_form)
+    assert c.done
+    with pytest.raises(AssertionError, match="no allowed token"):
+        walk_to(Constraint(plan, gtok), pieces, "<tool_call>\n<function=search>")
+
+
+def _ends_allowed(c: Constraint) -> bool:
+    allowed = c.allowed()
+    return any(allowed[i] for i in c.gtok.end_ids)
+
+
+SEARCH_OPEN = "<tool_call>\n<function=search>\n"
+QUERY = "<parameter=query>\nnews\n</parameter>\n"
+
+
+@pytest.mark.parametrize(
+    ("written", "closable_ends"),
+    [
+        ("", False),  # the call has not opened
+        (SEARCH_OPEN, False),  # `query` is required
+        (SEARCH_OPEN + "<parameter=query>\nne", False),  # inside a value
+        (SEARCH_OPEN + QUERY, True),  # only the closing tags are missing
+        (SEARCH_OPEN + QUERY + "</function>\n", True),
+    ],
+)
+def test_a_compelled_call_may_end_only_where_only_closing_tags_are_missing(
+    gtok, pieces, written, closable_ends
+):
+    closable = Constraint(tool_call_plan(TOOLS, closable=True), gtok)
+    strict = Constraint(tool_call_plan(TOOLS), gtok)
+    walk_to(closable, pieces, written)
+    walk_to(strict, pieces, written)
+    assert _ends_allowed(closable) is closable_ends
+    assert _ends_allowed(strict) is False
+    if closable_ends:  # the model may still write the closing tags itself
+        walk_to(closable, pieces, "" if "</function>" in written else "</function>\n")
+        walk_to(closable, pieces, "</tool_call>")
+        assert closable.done
