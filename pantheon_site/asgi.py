@@ -22,6 +22,7 @@ from django.urls import path, re_path  # noqa: E402
 
 from inference.runtime import runtime  # noqa: E402
 from operators.store import DatabaseStore  # noqa: E402
+from pantheon_site import stack  # noqa: E402
 from sessions import persistence as session_persistence  # noqa: E402
 from sessions.consumers import SessionWatchConsumer  # noqa: E402
 
@@ -33,15 +34,17 @@ runtime.start_loading()
 # The console's CSS and JavaScript (/static/...), straight from the installed apps: no
 # collectstatic step and no second web server for a handful of admin files.
 # GET /session/watch is a long-held response: a Channels consumer, not a Django view.
-application = ProtocolTypeRouter(
-    {
-        "http": URLRouter(
-            [
-                path("session/watch", SessionWatchConsumer.as_asgi()),
-                re_path(r"", ASGIStaticFilesHandler(django_asgi_app)),
-            ]
-        )
-    }
+application = stack.wrap(
+    ProtocolTypeRouter(
+        {
+            "http": URLRouter(
+                [
+                    path("session/watch", SessionWatchConsumer.as_asgi()),
+                    re_path(r"", ASGIStaticFilesHandler(django_asgi_app)),
+                ]
+            )
+        }
+    )
 )
 
 from inference import shutdown  # noqa: E402

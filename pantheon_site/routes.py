@@ -1,0 +1,52 @@
+"""Route classes: which scope a path needs and how large its body may be.
+
+One table for the security layers (pantheon_site/stack.py): the key check, the browser
+defences, the body limits, the access log. Paths are the contract's, exact (no trailing
+slash variants); anything not listed is a client route.
+"""
+
+from __future__ import annotations
+
+# Scopes a key may carry (access/models.py). `session_export` is its own scope because an
+# export returns the conversation's tokens, i.e. the prompts.
+INFERENCE, SESSIONS, SESSION_EXPORT, ADMIN = "inference", "sessions", "session_export", "admin"
+SCOPES = (INFERENCE, SESSIONS, SESSION_EXPORT, ADMIN)
+OPEN = "open"  # no key needed
+
+SESSION_PATHS = frozenset(
+    {"/session/restore", "/session/release", "/session/watch", "/session/estimate"}
+)
+EXPORT_PATH = "/admin/session/export"
+# Bodies that may be large: a chat (long prompts, images later) and a restore (a KV blob).
+LARGE_BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/session/restore"})
+
+MIB = 1024 * 1024
+LARGE_BODY_BYTES = 64 * MIB
+MANAGEMENT_BODY_BYTES = 4 * MIB
+
+
+def scope_for(path: str) -> str:
+    """The scope a request to `path` needs, or OPEN."""
+    if path == "/" or path == "/openapi.json":
+        return OPEN
+    if path == "/console" or path.startswith(("/console/", "/static/")):
+        return OPEN  # the Django admin: its own login, CSRF and session protections
+    if path in SESSION_PATHS:
+        return SESSIONS
+    if path == EXPORT_PATH:
+        return SESSION_EXPORT
+    if path == "/admin" or path.startswith("/admin/"):
+        return ADMIN
+    return INFERENCE
+
+
+def is_management(path: str) -> bool:
+    """Operator and session routes: JSON only (415 for a declared non-JSON body)."""
+    return scope_for(path) in (ADMIN, SESSIONS, SESSION_EXPORT)
+
+
+def body_limit(path: str) -> int:
+    """The most body bytes a request to `path` may send (413 beyond, before parsing).
+    /session/restore may go further when a served model's full-window blob needs it
+    (sessions.views._restore_body); this is the floor every route class gets."""
+    return LARGE_BODY_BYTES if path in LARGE_BODY_PATHS else MANAGEMENT_BODY_BYTES
