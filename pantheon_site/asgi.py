@@ -15,37 +15,19 @@ import django  # noqa: E402
 
 django.setup()
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
-from django.urls import path, re_path  # noqa: E402
 
 from inference.runtime import runtime  # noqa: E402
 from operators.store import DatabaseStore  # noqa: E402
 from pantheon_site import stack  # noqa: E402
 from sessions import persistence as session_persistence  # noqa: E402
-from sessions.consumers import SessionWatchConsumer  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 runtime.use_store(DatabaseStore())
 session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
 runtime.start_loading()
 
-# The console's CSS and JavaScript (/static/...), straight from the installed apps: no
-# collectstatic step and no second web server for a handful of admin files.
-# GET /session/watch is a long-held response: a Channels consumer, not a Django view.
-application = stack.wrap(
-    ProtocolTypeRouter(
-        {
-            "http": URLRouter(
-                [
-                    path("session/watch", SessionWatchConsumer.as_asgi()),
-                    re_path(r"", ASGIStaticFilesHandler(django_asgi_app)),
-                ]
-            )
-        }
-    )
-)
+application = stack.build(django_asgi_app)
 
 from inference import shutdown  # noqa: E402
 

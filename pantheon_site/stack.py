@@ -8,6 +8,31 @@ must answer 413 before Django reads the body.
 from __future__ import annotations
 
 
+def build(django_asgi_app):
+    """The whole ASGI application around Django's handler (pantheon_site.asgi; tests
+    build their own around get_asgi_application() without starting the model loader)."""
+    from channels.routing import ProtocolTypeRouter, URLRouter
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+    from django.urls import path, re_path
+
+    from sessions.consumers import SessionWatchConsumer
+
+    # The console's CSS and JavaScript (/static/...), straight from the installed apps: no
+    # collectstatic step and no second web server for a handful of admin files.
+    # GET /session/watch is a long-held response: a Channels consumer, not a Django view.
+    router = ProtocolTypeRouter(
+        {
+            "http": URLRouter(
+                [
+                    path("session/watch", SessionWatchConsumer.as_asgi()),
+                    re_path(r"", ASGIStaticFilesHandler(django_asgi_app)),
+                ]
+            )
+        }
+    )
+    return wrap(router)
+
+
 def wrap(app):
     """`app` (the Channels router) inside every layer, outermost first in LAYERS."""
     for layer in reversed(LAYERS):
