@@ -381,6 +381,7 @@ class Runtime:
                     log.info("evicting %s (least recently used) to load %s", victim, spec.name)
                     self.unload(victim, reason="evicted")
                 svc = self._open(spec)
+                _test_load_delay(spec.name)
                 try:
                     self._persist("the load of", spec.name, self._store.loaded, spec)
                 except OperationFailed:
@@ -835,6 +836,15 @@ def _setting(name: str, default):
     from django.conf import settings
 
     return getattr(settings, name, default)
+
+
+def _test_load_delay(name: str) -> None:
+    """Test hook (PANTHEON_TEST_LOAD_DELAY_MS, default 0: no effect): hold a load between
+    its weights being in memory and its record, so a test can kill the server mid-load."""
+    delay_ms = _setting("PANTHEON_TEST_LOAD_DELAY_MS", 0)
+    if delay_ms > 0:
+        log.warning("test hook: holding the load of %s for %d ms", name, delay_ms)
+        time.sleep(delay_ms / 1000)
 
 
 def _gib(n: int) -> str:

@@ -73,22 +73,34 @@ def file_stem(session_id: str) -> str:
 # --- files ------------------------------------------------------------------------------
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, hold_s: float = 0.0) -> None:
     """Write `data` to `path` so that a crash leaves the old file or the new one, whole:
     a temp file in the same folder, flushed and fsynced, renamed over `path`, then the
-    folder fsynced so the rename itself is durable."""
+    folder fsynced so the rename itself is durable. `hold_s`: a test hook's pause before
+    the rename (see _test_spill_delay_s)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if hold_s > 0:
+            time.sleep(hold_s)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _test_spill_delay_s() -> float:
+    """Test hook (PANTHEON_TEST_SPILL_DELAY_MS, default 0: no effect): how long each spill
+    file waits as a complete temp file before its rename, so a test can kill the server
+    inside a spill's write."""
+    from django.conf import settings
+
+    return getattr(settings, "PANTHEON_TEST_SPILL_DELAY_MS", 0) / 1000
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -142,6 +154,7 @@ def spill(svc, folder: Path) -> dict[str, int]:
         by_id.setdefault(session_id, []).append(conversation)
         last_used[session_id] = used
     layout = svc.kv_layout
+    hold_s = _test_spill_delay_s()
     written: set[str] = set()
     counts: Counter[str] = Counter()
     # Most recently used first: if fewer sessions fit at the next start, those are kept.
@@ -152,7 +165,7 @@ def spill(svc, folder: Path) -> dict[str, int]:
                 snapshot = SessionSnapshot(
                     layout, conv.tokens, conv.k, conv.v, session_id, created=time.time()
                 )
-                write_atomic(path, encode(snapshot))
+                write_atomic(path, encode(snapshot), hold_s=hold_s)
             except Exception:
                 log.exception("cannot spill a conversation of a session to %s", path)
                 continue

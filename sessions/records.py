@@ -121,8 +121,10 @@ def mark_spilled(spilled: dict[str, set[str]]) -> None:
     """The shutdown spill wrote these {model: session ids}: record them as "spilled"."""
     with _sync_lock:
         try:
-            _reconcile(engine_snapshot())
+            # One transaction: a kill part-way leaves the rows as they were, never
+            # reconciled without the spilled states.
             with transaction.atomic():
+                _reconcile(engine_snapshot())
                 for name, ids in spilled.items():
                     SessionRecord.objects.filter(model_name=name, session_id__in=ids).update(
                         state=State.SPILLED

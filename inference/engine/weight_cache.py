@@ -9,10 +9,12 @@ a memory map. One folder per (weights_version, architecture, layout version):
         000.npy ...     one float32 array per prepared tensor
         d000.json ...   JSON documents: the parsed GGUF header, tokenizer merges ...
 
-A folder is written under a temporary name and renamed when complete, so a crash leaves
-no half-written cache. On load every file is checked against its manifest entry (shape,
-dtype and sha256); anything that does not match is rebuilt, never trusted. Folders are
-evicted least-recently-used first when the cache grows past its size cap.
+A folder is written under a temporary name (".<key>.<pid>.<n>.tmp") and renamed when
+complete, so a crash leaves no half-written cache; the temporary folder a killed process
+left behind is removed by the next one that writes the cache. On load every file is
+checked against its manifest entry (shape, dtype and sha256); anything that does not
+match is rebuilt, never trusted. Folders are evicted least-recently-used first when the
+cache grows past its size cap.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ log = logging.getLogger("pantheon.engine.weight_cache")
 
 FORMAT = 2
 _HASH_CHUNK = 16 << 20
+_STAGING_SUFFIX = ".tmp"
+_staging_here: set[Path] = set()  # this process's staging folders still being written
 
 
 def _sha256_of(array: np.ndarray) -> str:
@@ -77,10 +81,14 @@ class WeightCache:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None and self.misses:
-            self._publish()
-        elif self._staging is not None:
-            shutil.rmtree(self._staging, ignore_errors=True)
+        staging = self._staging
+        try:
+            if exc_type is None and self.misses:
+                self._publish()
+            elif staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            _staging_here.discard(staging)
 
     def get(self, name: str, build: Callable[[], np.ndarray]) -> np.ndarray:
         cached = self._load(name)
@@ -149,8 +157,11 @@ class WeightCache:
     def _ensure_staging(self) -> None:
         if self._staging is None:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._staging = self.root / f".{self.key}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+            _remove_abandoned_staging(self.root)
+            name = f".{self.key}.{os.getpid()}.{time.monotonic_ns()}{_STAGING_SUFFIX}"
+            self._staging = self.root / name
             self._staging.mkdir()
+            _staging_here.add(self._staging)
 
     def _stage(self, name: str, array: np.ndarray) -> None:
         self._ensure_staging()
@@ -216,3 +227,30 @@ class WeightCache:
         """Mark this folder recently used (eviction is by mtime)."""
         if self.dir.exists():
             os.utime(self.dir)
+
+
+def _remove_abandoned_staging(root: Path) -> None:
+    """Delete staging folders whose writer is gone (a process killed mid-build): they are
+    never read, but each may hold a whole model's float32 weights. A folder of a live
+    process, or one this process is still writing, is left alone."""
+    for path in root.iterdir():
+        if not (path.name.startswith(".") and path.name.endswith(_STAGING_SUFFIX)):
+            continue
+        parts = path.name[1 : -len(_STAGING_SUFFIX)].rsplit(".", 2)
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+        if path in _staging_here or (pid != os.getpid() and _pid_alive(pid)):
+            continue
+        log.warning("weight cache: removing %s, left by an interrupted build", path.name)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. EPERM: it exists, owned by someone else
+        return True
+    return True
