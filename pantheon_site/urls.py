@@ -3,6 +3,7 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from inference import errors
+from pantheon_site import openapi
 
 urlpatterns = [
     path("", include("inference.urls")),
@@ -11,6 +12,8 @@ urlpatterns = [
     # The Django admin lives at /console/: /admin/... belongs to the operator routes.
     path("console/", admin.site.urls),
     path("console", RedirectView.as_view(url="/console/")),
+    # The OpenAPI document of every route above (open: no key).
+    path("openapi.json", openapi.openapi_view, name="openapi"),
     # Last: every other path is the contract's JSON 404 (also when DEBUG is on, where
     # Django would otherwise answer with its HTML debug page).
     re_path(r"^", errors.not_found),

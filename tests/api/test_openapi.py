@@ -1,0 +1,190 @@
+"""GET /openapi.json: a valid OpenAPI 3.1 document whose paths and methods are exactly
+the URL table's (Django's resolver plus the Channels routes in pantheon_site/stack.py).
+
+A route added, removed or given another method without the document following fails
+here (the Lemonade seed's /internal/routes idea: the route table is the source)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from django.test import Client, override_settings
+from django.urls import URLPattern, URLResolver, get_resolver
+from openapi_spec_validator import validate
+
+from pantheon_site import openapi, stack
+
+PROBED = ("GET", "POST", "PUT", "PATCH", "DELETE")
+# Not API routes: the Django admin (its own HTML pages) and its redirect.
+UNDOCUMENTED_PREFIXES = ("/console",)
+
+
+@pytest.fixture
+def http() -> Client:
+    return Client(enforce_csrf_checks=True)
+
+
+def _route_text(pattern) -> str:
+    """A URL pattern's route as written: `admin/aliases/<path:alias>`, or a regex."""
+    return str(pattern.pattern)
+
+
+def _openapi_path(route: str) -> str:
+    """Django's route syntax to OpenAPI's: `<path:alias>` -> `{alias}`."""
+    return "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route)
+
+
+def django_routes(patterns=None, prefix: str = "") -> dict[str, object]:
+    """Every route of the URL table: OpenAPI path -> its pattern, through includes. The
+    catch-all 404 (`^`) is not a route."""
+    if patterns is None:
+        patterns = get_resolver().url_patterns
+    out: dict[str, object] = {}
+    for entry in patterns:
+        text = _route_text(entry)
+        if isinstance(entry, URLResolver):
+            out.update(django_routes(entry.url_patterns, prefix + text))
+            continue
+        assert isinstance(entry, URLPattern)
+        if text == "^":  # the catch-all: every other path is the JSON 404
+            continue
+        path = _openapi_path(prefix + text)
+        if path.startswith(UNDOCUMENTED_PREFIXES):
+            continue
+        out[path] = entry
+    return out
+
+
+def channels_routes(monkeypatch) -> dict[str, object]:
+    """The HTTP routes the Channels router holds in front of Django (stack.build), without
+    the ASGI layers around it. Its catch-through to Django (`re_path("")`) is not a route."""
+    monkeypatch.setattr(stack, "wrap", lambda app: app)
+    router = stack.build(lambda scope, receive, send: None)
+    out = {}
+    for route in router.application_mapping["http"].routes:
+        text = _route_text(route)
+        if text in ("", "^"):
+            continue
+        out[_openapi_path(text)] = route
+    return out
+
+
+def documented_methods(item: dict) -> set[str]:
+    return {m.upper() for m in item if m in openapi.METHODS} - {"OPTIONS"}
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"\{\w+\}", "no-such-alias", path)
+
+
+def django_allowed_methods(http: Client, path: str) -> set[str]:
+    """The methods a route answers without 405 (with nothing loaded and an empty JSON
+    body every route refuses with a 4xx, so probing changes nothing)."""
+    allowed = set()
+    for method in PROBED:
+        response = http.generic(method, _concrete(path), b"{}", content_type="application/json")
+        assert response.status_code != 500, (method, path, response.content)
+        if response.status_code != 405:
+            allowed.add(method)
+    return allowed
+
+
+def channels_allowed_methods(route) -> set[str]:
+    """The same probe, through the route's consumer (ASGI), outside Django."""
+    from channels.testing import HttpCommunicator
+
+    async def probe(method: str) -> int:
+        communicator = HttpCommunicator(route.callback, method, str(route.pattern), b"")
+        response = await communicator.get_response(timeout=5)
+        return response["status"]
+
+    allowed = set()
+    for method in PROBED:
+        status = asyncio.run(probe(method))
+        assert status != 500, (method, route.pattern)
+        if status != 405:
+            allowed.add(method)
+    return allowed
+
+
+def test_the_document_is_valid_openapi():
+    validate(openapi.document())
+    validate(openapi._document(True))
+
+
+def test_get_openapi_json_serves_the_document(http):
+    response = http.get("/openapi.json")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == openapi.document()
+    assert response.json()["openapi"].startswith("3.1")
+
+
+def test_openapi_json_answers_get_only(http):
+    response = http.post("/openapi.json", b"{}", content_type="application/json")
+    assert response.status_code == 405
+    assert response.json()["error"]["type"] == "method_not_allowed"
+    assert response["Allow"] == "GET, OPTIONS"
+
+
+def test_paths_are_the_url_tables(monkeypatch, empty_runtime):
+    table = {**django_routes(), **channels_routes(monkeypatch)}
+    documented = set(openapi.document()["paths"])
+    # The debug hook is in the document only when it is served (PANTHEON_DEBUG_ROUTES).
+    assert openapi.DEBUG_PATH in table
+    assert set(table) - {openapi.DEBUG_PATH} == documented
+    assert set(table) == set(openapi._document(True)["paths"])
+
+
+def test_methods_are_what_each_route_answers(http, monkeypatch, empty_runtime):
+    paths = openapi.document()["paths"]
+    channels = channels_routes(monkeypatch)
+    for path in django_routes():
+        if path == openapi.DEBUG_PATH:
+            continue
+        assert django_allowed_methods(http, path) == documented_methods(paths[path]), path
+    for path, route in channels.items():
+        assert channels_allowed_methods(route) == documented_methods(paths[path]), path
+
+
+@override_settings(PANTHEON_DEBUG_ROUTES=True)
+def test_the_debug_route_when_enabled(http, empty_runtime):
+    paths = openapi.document()["paths"]
+    assert openapi.DEBUG_PATH in paths
+    allowed = django_allowed_methods(http, openapi.DEBUG_PATH)
+    assert allowed == documented_methods(paths[openapi.DEBUG_PATH])
+
+
+def test_the_debug_route_when_disabled_is_absent_and_404(http, empty_runtime):
+    assert openapi.DEBUG_PATH not in openapi.document()["paths"]
+    assert http.post(openapi.DEBUG_PATH, b"{}", content_type="application/json").status_code == 404
+
+
+def test_every_path_documents_the_preflight(http):
+    for path, item in openapi.document()["paths"].items():
+        assert "options" in item, path
+        response = http.options(_concrete(path))
+        assert response.status_code == 200 and response.json() == {}, path
+
+
+def test_every_operation_documents_its_errors():
+    doc = openapi.document()
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if method not in openapi.METHODS or method == "options":
+                continue
+            codes = set(op["responses"])
+            assert {"200", "413", "500"} <= codes, (method, path)
+            if op["x-pantheon-scope"] != "open":
+                assert {"401", "403"} <= codes, (method, path)
+                assert {"bearer": [op["x-pantheon-scope"]]} in op["security"]
+                assert {} in op["security"], "keys are optional"
+            if "requestBody" in op or any(p["in"] == "query" for p in op.get("parameters", [])):
+                assert "400" in codes, (method, path)
+            for code, response in op["responses"].items():
+                if code.startswith(("4", "5")):
+                    name = response["$ref"].rsplit("/", 1)[1]
+                    schema = doc["components"]["responses"][name]["content"]["application/json"]
+                    assert schema["schema"] == {"$ref": "#/components/schemas/Error"}
