@@ -15,6 +15,10 @@ import django  # noqa: E402
 
 django.setup()
 
+from access.startup import check_bind  # noqa: E402
+
+check_bind()  # a non-loopback bind with no API key: exit 2, saying why (access/startup.py)
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 from inference.runtime import runtime  # noqa: E402

@@ -40,5 +40,14 @@ def wrap(app):
     return app
 
 
+def access_guard(app):
+    """API keys, scopes, the per-key quota and the browser defences (access/guard.py).
+    Inside the access log (refusals are logged with the key) and outside the body limit
+    (a refused request is never read)."""
+    from access.guard import AccessGuard
+
+    return AccessGuard(app)
+
+
 # Each entry: a callable taking an ASGI app and returning one. Outermost first.
-LAYERS: list = []
+LAYERS: list = [access_guard]

@@ -1,0 +1,275 @@
+"""AccessGuard: the ASGI layer that decides whether an HTTP request reaches the app.
+
+In this order (pantheon_site.stack puts it inside the access log, outside the body limit):
+
+1. Host: on a connection to a loopback address, Host must be a loopback name (localhost,
+   *.localhost, 127.x.x.x, [::1], any port), else 403 forbidden_host. A page on another
+   site that rebinds its DNS name to 127.0.0.1 still sends its own name as Host.
+2. Origin: a state-changing request (not GET/HEAD/OPTIONS) that sends Origin must come
+   from the request's own Host or from PANTHEON_ALLOWED_ORIGINS ("*": any), else 403
+   forbidden_origin.
+3. Content-Type: a POST/PUT/PATCH/DELETE to an operator or session route that declares a
+   non-JSON Content-Type is 415 unsupported_media_type: a cross-site <form> or text/plain
+   post cannot reach them. An absent Content-Type passes (curl, SDKs).
+4. Key: when any key is configured (access.keys), a route that needs a scope
+   (pantheon_site.routes.scope_for) needs a key, as `Authorization: Bearer <key>` or
+   `x-api-key: <key>`: 401 invalid_api_key without a valid one, 403 insufficient_scope
+   when the key lacks the route's scope. OPTIONS (the CORS preflight) and the open routes
+   (GET /, /openapi.json, the console with its own login and CSRF) need none.
+5. Quota: a key with a concurrency limit (its own max_concurrent, else
+   PANTHEON_KEY_MAX_CONCURRENT) gets 429 key_concurrency_exceeded with Retry-After past
+   it. A request counts until the app returns, so a stream counts until it ends.
+
+Only `http` scopes are checked; the rest (lifespan) pass through. The authenticated key's
+label (never the key) is put in scope["pantheon.key"] in place, for the access log.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from urllib.parse import urlsplit
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from access import keys
+from pantheon_site import routes
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SCOPE_KEY = "pantheon.key"  # the authenticated key's label, for the access log
+KEY_HOWTO = (
+    "send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>' (PANTHEON_API_KEY, "
+    "PANTHEON_ADMIN_API_KEY, or a key made in the console at /console/)"
+)
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, type_: str, message: str, headers=()):
+        super().__init__(message)
+        self.status, self.type, self.message, self.headers = status, type_, message, headers
+
+
+class AccessGuard:
+    def __init__(self, app):
+        self.app = app
+        self.in_flight: dict[str, int] = {}  # per key identity (access.keys.Principal)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        try:
+            check_host(scope)
+            check_origin(scope)
+            check_content_type(scope)
+            principal = await self.authenticate(scope)
+        except Refusal as refusal:
+            return await refuse(send, refusal)
+        if principal is None:
+            return await self.app(scope, receive, send)
+        scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it
+        limit = keys.max_concurrent_for(principal)
+        identity = principal.identity
+        if limit and self.in_flight.get(identity, 0) >= limit:
+            return await refuse(
+                send,
+                Refusal(
+                    429,
+                    "key_concurrency_exceeded",
+                    f"this key ({principal.label}) already has {limit} request(s) in flight, "
+                    "its limit (the key's max_concurrent, else PANTHEON_KEY_MAX_CONCURRENT): "
+                    "retry when one has finished",
+                    [(b"retry-after", b"1")],
+                ),
+            )
+        self.in_flight[identity] = self.in_flight.get(identity, 0) + 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.in_flight[identity] -= 1
+            if not self.in_flight[identity]:
+                del self.in_flight[identity]
+
+    async def authenticate(self, scope) -> keys.Principal | None:
+        """The key's Principal, or None when the request needs no key."""
+        needed = routes.scope_for(scope["path"])
+        if scope["method"] == "OPTIONS" or needed == routes.OPEN:
+            return None
+        if not keys.env_principals() and not await _console_keys_exist():
+            return None  # no key configured: open, as the contract says
+        presented = presented_keys(scope)
+        principal = keys.match_env(presented)
+        if principal is None and presented:
+            principal = await _lookup_console(presented)
+        if principal is None:
+            message = (
+                f"the API key is not valid (unknown or revoked); {KEY_HOWTO}"
+                if presented
+                else f"this route needs an API key: {KEY_HOWTO}"
+            )
+            raise Refusal(401, "invalid_api_key", message, [(b"www-authenticate", b"Bearer")])
+        if needed not in principal.scopes:
+            scope[SCOPE_KEY] = principal.label
+            raise Refusal(
+                403,
+                "insufficient_scope",
+                f"this key ({principal.label}) lacks the '{needed}' scope that "
+                f"{scope['path']} needs: use PANTHEON_ADMIN_API_KEY or a console key "
+                f"that has '{needed}'",
+            )
+        return principal
+
+
+_console_keys_exist = database_sync_to_async(keys.console_keys_exist)
+_lookup_console = database_sync_to_async(keys.lookup_console)
+
+
+def header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1").strip()
+    return None
+
+
+def presented_keys(scope) -> list[str]:
+    found = []
+    for key, value in scope.get("headers", ()):
+        name = key.lower()
+        text = value.decode("latin-1").strip()
+        if name == b"authorization":
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                found.append(token.strip())
+        elif name == b"x-api-key" and text:
+            found.append(text)
+    return found
+
+
+# --- Host ----------------------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip().lower().strip("[]")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host_port(value: str) -> tuple[str, str]:
+    """'[::1]:8000' -> ('::1', '8000'); 'localhost' -> ('localhost', '')."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if value.count(":") == 1:
+        host, _, port = value.partition(":")
+        return host, port
+    return value, ""
+
+
+def check_host(scope) -> None:
+    server = scope.get("server")
+    if not server or not isinstance(server[0], str) or not is_loopback(server[0]):
+        return  # not a loopback connection (or a unix socket): nothing to rebind to
+    host = header(scope, b"host")
+    if host is None:
+        return  # HTTP/1.0 without Host: not a browser
+    if is_loopback(split_host_port(host)[0]):
+        return
+    raise Refusal(
+        403,
+        "forbidden_host",
+        f"Host '{host}' is not a loopback name, and this connection came in on a loopback "
+        "address: only Host localhost, *.localhost, 127.x.x.x or [::1] is answered here "
+        "(a DNS-rebinding defence). Use http://127.0.0.1:<port>/, or bind the server to "
+        "a non-loopback address (with an API key) to serve other names.",
+    )
+
+
+# --- Origin --------------------------------------------------------------------------
+
+_DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
+
+
+def _netloc(host_port: str, scheme: str) -> tuple[str, str]:
+    host, port = split_host_port(host_port)
+    return host, port or _DEFAULT_PORTS.get(scheme, "")
+
+
+def _normal_origin(origin: str) -> str:
+    return origin.strip().lower().rstrip("/")
+
+
+def check_origin(scope) -> None:
+    if scope["method"] in SAFE_METHODS:
+        return
+    origin = header(scope, b"origin")
+    if origin is None:
+        return  # not a browser (browsers send Origin on every cross-site POST)
+    allowed = settings.PANTHEON_ALLOWED_ORIGINS
+    if "*" in allowed or _normal_origin(origin) in {_normal_origin(o) for o in allowed}:
+        return
+    parts = urlsplit(origin.strip())
+    host = header(scope, b"host")
+    scheme = scope.get("scheme") or "http"
+    if parts.scheme and parts.netloc and host:
+        if _netloc(parts.netloc, parts.scheme) == _netloc(host, scheme):
+            return
+    raise Refusal(
+        403,
+        "forbidden_origin",
+        f"Origin '{origin}' may not make state-changing requests here: it is not this "
+        f"server's own origin (Host '{host or ''}'). To let a web app call this server, "
+        "add its origin to PANTHEON_ALLOWED_ORIGINS (comma-separated; '*' allows any).",
+    )
+
+
+# --- Content-Type --------------------------------------------------------------------
+
+
+def is_json_media_type(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def check_content_type(scope) -> None:
+    if scope["method"] not in BODY_METHODS or not routes.is_management(scope["path"]):
+        return
+    content_type = header(scope, b"content-type")
+    if content_type is None or is_json_media_type(content_type):
+        return
+    raise Refusal(
+        415,
+        "unsupported_media_type",
+        f"Content-Type '{content_type}' is not accepted on {scope['path']}: send a JSON "
+        "body with 'Content-Type: application/json' (or no Content-Type). Operator and "
+        "session routes refuse form and text bodies, so a cross-site form cannot post "
+        "to them.",
+    )
+
+
+# --- the refusal ---------------------------------------------------------------------
+
+
+async def refuse(send, refusal: Refusal) -> None:
+    """The contract's error shape, with its CORS and Connection headers."""
+    from inference.errors import error_body
+
+    body = json.dumps(
+        error_body(refusal.message, refusal.type, code=refusal.type), separators=(",", ":")
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"access-control-allow-origin", b"*"),
+        (b"connection", b"close"),
+        *refusal.headers,
+    ]
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,131 @@
+"""Who a presented key is: the env keys (PANTHEON_API_KEY, PANTHEON_ADMIN_API_KEY) and the
+console keys (access.models.ApiKey, found by the sha256 of the key).
+
+Env keys are compared in constant time (hmac.compare_digest). A console key is looked up
+by its digest, so the comparison never touches the key itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+
+from pantheon_site.routes import INFERENCE, SCOPES, SESSIONS
+
+KEY_PREFIX = "pn_"
+PREFIX_CHARS = 10  # "pn_" and 7 random characters: shown in the console to tell keys apart
+LAST_USED_EVERY = timedelta(seconds=60)  # last_used_at is written at most this often
+CACHE_TTL_S = 5.0  # "does any console key exist?" (another process may add one)
+
+CLIENT_SCOPES = frozenset({INFERENCE, SESSIONS})
+ALL_SCOPES = frozenset(SCOPES)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated key. `label` names it in logs (never the key); `identity` counts
+    its in-flight requests; `max_concurrent` None means PANTHEON_KEY_MAX_CONCURRENT."""
+
+    label: str
+    identity: str
+    scopes: frozenset = field(default_factory=frozenset)
+    max_concurrent: int | None = None
+
+
+def generate() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def env_principals() -> list[tuple[str, Principal]]:
+    """(key, principal) for each env key that is set. PANTHEON_API_KEY alone also opens
+    the operator routes (admin, session_export): the fallback."""
+    client = settings.PANTHEON_API_KEY
+    admin = settings.PANTHEON_ADMIN_API_KEY
+    found = []
+    if admin:
+        found.append((admin, Principal("env:admin", "env:admin", ALL_SCOPES)))
+    if client:
+        scopes = CLIENT_SCOPES if admin else ALL_SCOPES
+        found.append((client, Principal("env:client", "env:client", scopes)))
+    return found
+
+
+def match_env(presented: list[str]) -> Principal | None:
+    """The env key among `presented`, compared in constant time against every env key."""
+    matched = None
+    for key, principal in env_principals():
+        expected = key.encode("utf-8", "surrogateescape")
+        for candidate in presented:
+            if hmac.compare_digest(candidate.encode("utf-8", "surrogateescape"), expected):
+                matched = matched or principal
+    return matched
+
+
+def lookup_console(presented: list[str]) -> Principal | None:
+    """The active console key among `presented` (database access: call from a thread)."""
+    from django.utils import timezone
+
+    from access.models import ApiKey
+
+    for candidate in presented:
+        if not candidate.startswith(KEY_PREFIX):
+            continue
+        row = ApiKey.objects.filter(key_hash=digest(candidate), revoked=False).first()
+        if row is None:
+            continue
+        now = timezone.now()
+        if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:
+            ApiKey.objects.filter(pk=row.pk).update(last_used_at=now)
+        return Principal(
+            f"console:{row.prefix}",
+            f"console:{row.pk}",
+            frozenset(row.scopes) & ALL_SCOPES,
+            row.max_concurrent or None,
+        )
+    return None
+
+
+_cache_lock = threading.Lock()
+_cache: dict = {"value": None, "until": 0.0}
+
+
+def console_keys_exist() -> bool:
+    """Whether an unrevoked console key exists (database access: call from a thread).
+    Cached for CACHE_TTL_S; saving or deleting an ApiKey in this process clears it."""
+    with _cache_lock:
+        if _cache["value"] is not None and time.monotonic() < _cache["until"]:
+            return _cache["value"]
+    from access.models import ApiKey
+
+    value = ApiKey.objects.filter(revoked=False).exists()
+    with _cache_lock:
+        _cache.update(value=value, until=time.monotonic() + CACHE_TTL_S)
+    return value
+
+
+def forget_cache(*args, **kwargs) -> None:
+    """Signal receiver (access.apps): the next check reads the database."""
+    with _cache_lock:
+        _cache.update(value=None, until=0.0)
+
+
+def any_key_configured() -> bool:
+    """An env key is set or an active console key exists (database access when no env key
+    is set). With none, every route is open (the contract's default)."""
+    return bool(env_principals()) or console_keys_exist()
+
+
+def max_concurrent_for(principal: Principal) -> int:
+    """In-flight requests the key may have at once; 0: no limit."""
+    return principal.max_concurrent or settings.PANTHEON_KEY_MAX_CONCURRENT
