@@ -21,13 +21,6 @@ PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
-PANTHEON_API_KEY       key for the client routes (inference, sessions); alone, also the
-                       operator routes (unset: no key, unless console keys exist)
-PANTHEON_ADMIN_API_KEY key for every route, operator routes and session export included
-PANTHEON_ALLOWED_ORIGINS  browser origins allowed to make state-changing requests besides
-                       the server's own (comma list; "*": any)
-PANTHEON_KEY_MAX_CONCURRENT  requests one key may have in flight (0: no limit)
-PANTHEON_ALLOW_UNAUTHENTICATED  1: start on a non-loopback address with no key configured
 """
 
 from __future__ import annotations
@@ -62,11 +55,27 @@ def _secret_key() -> str:
     if key:
         return key
     key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    key = key_file.read_text().strip() if key_file.exists() else ""
+    if not key:
+        # Written whole to a temp file, then linked into place: a kill mid-write never
+        # leaves an empty key (which would stop every later start), and of two processes
+        # starting at once (migrate, daphne) the first link wins and both read its key.
+        tmp = DATA_DIR / f".secret_key.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(50))
-    return key_file.read_text().strip()
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            if key_file.exists():  # empty: left by an older, interrupted first start
+                key_file.unlink()
+            os.link(tmp, key_file)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        key = key_file.read_text().strip()
+    return key
 
 
 SECRET_KEY = _secret_key()
@@ -86,7 +95,6 @@ INSTALLED_APPS = [
     "inference",
     "operators",
     "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
-    "access",  # API keys and the browser defences (access/guard.py, an ASGI layer)
 ]
 
 MIDDLEWARE = [
@@ -126,7 +134,19 @@ _database_url = env_str("DATABASE_URL")
 DATABASES = {
     "default": dj_database_url.parse(_database_url)
     if _database_url
-    else {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "pantheon.sqlite3"}
+    else {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": DATA_DIR / "pantheon.sqlite3",
+        "OPTIONS": {
+            # Crash safety: a committed write (an acknowledged load, unload, alias) is on
+            # disk before the response (rollback journal, synchronous FULL: also across a
+            # power cut). IMMEDIATE: a transaction takes the write lock when it begins and
+            # waits for it, instead of failing with "database is locked" when it upgrades
+            # from reading to writing while another thread (the session mirror) writes.
+            "init_command": "PRAGMA synchronous=FULL",
+            "transaction_mode": "IMMEDIATE",
+        },
+    }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -253,6 +273,11 @@ if min(PANTHEON_ENGINE_OPTIONS[key] for key in _SESSION_LIMITS) < 0:
 PANTHEON_DRAIN_TIMEOUT = float(env_int("PANTHEON_DRAIN_TIMEOUT", 30))
 # Test hooks such as POST /admin/debug/simulate-memory-pressure; off: they answer 404.
 PANTHEON_DEBUG_ROUTES = env_bool("PANTHEON_DEBUG_ROUTES", False)
+# Crash-safety test hooks (tests/e2e/test_crash_safety.py); 0, the default, does nothing.
+# A load waits this long once its weights are in memory, before it is recorded; a session
+# spill waits this long between writing a file's temp copy and renaming it into place.
+PANTHEON_TEST_LOAD_DELAY_MS = env_int("PANTHEON_TEST_LOAD_DELAY_MS", 0)
+PANTHEON_TEST_SPILL_DELAY_MS = env_int("PANTHEON_TEST_SPILL_DELAY_MS", 0)
 
 # Think-style templates: requests that do not say `enable_thinking` think unless this is on.
 PANTHEON_NO_THINK = env_bool("PANTHEON_NO_THINK", False)
@@ -262,22 +287,3 @@ PANTHEON_NO_THINK = env_bool("PANTHEON_NO_THINK", False)
 PANTHEON_TOOL_GRAMMAR = (
     env_bool("PANTHEON_TOOL_GRAMMAR", False) if env_str("PANTHEON_TOOL_GRAMMAR") else None
 )
-
-
-# --- access: API keys and browser defences (access/, pantheon_site/routes.py) ----------
-# With no key configured (neither env key, nor an active console key) every route is open,
-# as the contract says. PANTHEON_API_KEY opens the client routes (inference, sessions);
-# PANTHEON_ADMIN_API_KEY every route; PANTHEON_API_KEY alone opens every route too.
-PANTHEON_API_KEY = env_str("PANTHEON_API_KEY")
-PANTHEON_ADMIN_API_KEY = env_str("PANTHEON_ADMIN_API_KEY")
-# Origins (scheme://host[:port]) a browser page may make state-changing requests from,
-# besides the server's own; "*" allows any.
-PANTHEON_ALLOWED_ORIGINS = env_list("PANTHEON_ALLOWED_ORIGINS")
-# Requests one key may have in flight at once (0: no limit); a console key's own
-# max_concurrent overrides it. Past it: 429 key_concurrency_exceeded.
-PANTHEON_KEY_MAX_CONCURRENT = env_int("PANTHEON_KEY_MAX_CONCURRENT", 0)
-if PANTHEON_KEY_MAX_CONCURRENT < 0:
-    raise EnvError("PANTHEON_KEY_MAX_CONCURRENT must be >= 0")
-# Daphne bound to a non-loopback address with no key configured refuses to start
-# (access/startup.py) unless this is set.
-PANTHEON_ALLOW_UNAUTHENTICATED = env_bool("PANTHEON_ALLOW_UNAUTHENTICATED", False)
