@@ -21,6 +21,13 @@ PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
+PANTHEON_API_KEY       key for the client routes (inference, sessions); alone, also the
+                       operator routes (unset: no key, unless console keys exist)
+PANTHEON_ADMIN_API_KEY key for every route, operator routes and session export included
+PANTHEON_ALLOWED_ORIGINS  browser origins allowed to make state-changing requests besides
+                       the server's own (comma list; "*": any)
+PANTHEON_KEY_MAX_CONCURRENT  requests one key may have in flight (0: no limit)
+PANTHEON_ALLOW_UNAUTHENTICATED  1: start on a non-loopback address with no key configured
 """
 
 from __future__ import annotations
@@ -95,6 +102,7 @@ INSTALLED_APPS = [
     "inference",
     "operators",
     "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
+    "access",  # API keys and the browser defences (access/guard.py, an ASGI layer)
 ]
 
 MIDDLEWARE = [
@@ -287,3 +295,22 @@ PANTHEON_NO_THINK = env_bool("PANTHEON_NO_THINK", False)
 PANTHEON_TOOL_GRAMMAR = (
     env_bool("PANTHEON_TOOL_GRAMMAR", False) if env_str("PANTHEON_TOOL_GRAMMAR") else None
 )
+
+
+# --- access: API keys and browser defences (access/, pantheon_site/routes.py) ----------
+# With no key configured (neither env key, nor an active console key) every route is open,
+# as the contract says. PANTHEON_API_KEY opens the client routes (inference, sessions);
+# PANTHEON_ADMIN_API_KEY every route; PANTHEON_API_KEY alone opens every route too.
+PANTHEON_API_KEY = env_str("PANTHEON_API_KEY")
+PANTHEON_ADMIN_API_KEY = env_str("PANTHEON_ADMIN_API_KEY")
+# Origins (scheme://host[:port]) a browser page may make state-changing requests from,
+# besides the server's own; "*" allows any.
+PANTHEON_ALLOWED_ORIGINS = env_list("PANTHEON_ALLOWED_ORIGINS")
+# Requests one key may have in flight at once (0: no limit); a console key's own
+# max_concurrent overrides it. Past it: 429 key_concurrency_exceeded.
+PANTHEON_KEY_MAX_CONCURRENT = env_int("PANTHEON_KEY_MAX_CONCURRENT", 0)
+if PANTHEON_KEY_MAX_CONCURRENT < 0:
+    raise EnvError("PANTHEON_KEY_MAX_CONCURRENT must be >= 0")
+# Daphne bound to a non-loopback address with no key configured refuses to start
+# (access/startup.py) unless this is set.
+PANTHEON_ALLOW_UNAUTHENTICATED = env_bool("PANTHEON_ALLOW_UNAUTHENTICATED", False)
