@@ -13,8 +13,11 @@ fsynced temp copy and its rename.
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +26,7 @@ import httpx
 import pytest
 
 from sessions.persistence import REJECTED_DIR, SUFFIX, TEMP_MARK, model_folder
-from tests.e2e.daphne_server import Server, running_server
+from tests.e2e.daphne_server import REPO_ROOT, Server, running_server
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -183,6 +186,20 @@ def test_a_kill_during_a_session_spill_keeps_the_acknowledged_spill(
         log = srv.log_tail()
         assert "left by an interrupted session spill" in log
         assert "Traceback" not in log
+
+
+def test_an_empty_secret_key_left_by_a_killed_first_start_is_replaced(tmp_path):
+    (tmp_path / "secret_key").touch()  # created, killed before the key was written
+    code = "import pantheon_site.settings as s; print(s.SECRET_KEY)"
+    env = {**os.environ, "PANTHEON_DATA_DIR": str(tmp_path)}
+    env.pop("PANTHEON_SECRET_KEY", None)
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    key = (tmp_path / "secret_key").read_text()
+    assert len(key) > 40 and run.stdout.strip() == key
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["secret_key"]  # no temp file
 
 
 def _temp_files(folder: Path) -> list[Path]:
