@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
+from django.conf import settings
 from rest_framework import serializers
 
 from inference.engine.types import (
@@ -23,6 +25,16 @@ from inference.engine.types import (
 )
 from inference.errors import invalid_request
 
+# Bounds on what a body may hold (README "Limits"); the body's byte size is bounded before
+# it is read (pantheon_site/limits.py).
+MAX_JSON_DEPTH = 64  # nested arrays/objects, the body's own object included
+IDENTIFIER_MAX = 256  # model names, session ids, stop strings
+MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 1024  # entries
+INT64_BOUND = 1 << 64  # integers beyond +-2**64 are refused, whatever the field
+TEMPERATURE_RANGE = (-100.0, 100.0)  # <= 0 is greedy
+REPETITION_PENALTY_MAX = 100.0
+
 
 class StrictCharField(serializers.CharField):
     def to_internal_value(self, data):
@@ -32,18 +44,34 @@ class StrictCharField(serializers.CharField):
 
 
 class StrictFloatField(serializers.FloatField):
+    """A finite JSON number (1e400 parses as infinity: refused). min_value/max_value give
+    the field's range (DRF's validators, a 400 naming the bound)."""
+
+    default_error_messages = {"out_of_range": "Must be a finite number (|value| < 2**64)."}
+
     def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float) or not math.isfinite(data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        if isinstance(data, int) and abs(data) >= INT64_BOUND:
+            self.fail("out_of_range")  # float(10**400) would raise OverflowError
+        if not math.isfinite(data):
             self.fail("invalid")
         return float(data)
 
 
 class StrictIntegerField(serializers.IntegerField):
+    """An integer (or a float with no fraction, 3.0); at most 64 bits whatever the field's
+    own range, so that no arbitrary-precision value reaches the engine."""
+
+    default_error_messages = {"out_of_range": "Must be a 64-bit integer (|value| < 2**64)."}
+
     def to_internal_value(self, data):
         if isinstance(data, float) and data.is_integer():
             data = int(data)
         if isinstance(data, bool) or not isinstance(data, int):
             self.fail("invalid")
+        if abs(data) >= INT64_BOUND:
+            self.fail("out_of_range")
         return super().to_internal_value(data)
 
 
@@ -57,13 +85,21 @@ class StrictBooleanField(serializers.BooleanField):
 class StopField(serializers.Field):
     """`stop`: a string or an array of strings, normalised to a tuple (empties dropped)."""
 
-    default_error_messages = {"invalid": "Must be a string or an array of strings."}
+    default_error_messages = {
+        "invalid": "Must be a string or an array of strings.",
+        "too_many": f"At most {MAX_STOP_STRINGS} stop strings.",
+        "too_long": f"A stop string may have at most {IDENTIFIER_MAX} characters.",
+    }
 
     def to_internal_value(self, data):
         if isinstance(data, str):
             data = [data]
         if not isinstance(data, list) or not all(isinstance(s, str) for s in data):
             self.fail("invalid")
+        if len(data) > MAX_STOP_STRINGS:
+            self.fail("too_many")
+        if any(len(s) > IDENTIFIER_MAX for s in data):
+            self.fail("too_long")
         return tuple(s for s in data if s)
 
     def to_representation(self, value):
@@ -74,24 +110,53 @@ class LogitBiasField(serializers.Field):
     """`logit_bias`: {"<token id>": bias}. The contract: bias clamped to [-100, 100];
     non-numeric keys or values are skipped (not an error). Normalised to ((id, bias), ...)."""
 
-    default_error_messages = {"invalid": "Must be an object of token id -> bias."}
+    default_error_messages = {
+        "invalid": "Must be an object of token id -> bias.",
+        "too_many": f"At most {MAX_LOGIT_BIAS} entries.",
+    }
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             self.fail("invalid")
+        if len(data) > MAX_LOGIT_BIAS:
+            self.fail("too_many")
         out = []
         for key, value in data.items():
-            if not (isinstance(key, str) and key.strip().isdigit()):
+            # ASCII digits only ("²".isdigit() is true; int() refuses it), and at most ten
+            # of them: an id past int32 is outside any vocabulary, skipped like one.
+            match = _TOKEN_ID.fullmatch(key) if isinstance(key, str) else None
+            if match is None or int(match[1]) >= 1 << 31:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
-            if not math.isfinite(value):
+            if isinstance(value, float) and not math.isfinite(value):
                 continue
-            out.append((int(key), max(-100.0, min(100.0, float(value)))))
+            # Clamped before float(): float(10**400) would overflow.
+            out.append((int(match[1]), float(max(-100, min(100, value)))))
         return tuple(out)
 
     def to_representation(self, value):
         return {str(k): v for k, v in value}
+
+
+_TOKEN_ID = re.compile(r"\s*([0-9]{1,10})\s*")
+
+
+class BoundedListField(serializers.ListField):
+    """A ListField whose length bound is a setting, checked before any item is validated
+    (a million items are refused at once, not after a million child validations)."""
+
+    def __init__(self, *, setting: str, **kwargs):
+        self.setting = setting
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        limit = getattr(settings, self.setting)
+        if isinstance(data, list) and len(data) > limit:
+            raise serializers.ValidationError(
+                f"At most {limit} items ({self.setting}); got {len(data)}."
+            )
+        return super().to_internal_value(data)
 
 
 class StreamOptionsSerializer(serializers.Serializer):
@@ -101,13 +166,24 @@ class StreamOptionsSerializer(serializers.Serializer):
 class ChatCompletionRequest(serializers.Serializer):
     """POST /v1/chat/completions. Fields the engine does not implement yet are ignored."""
 
-    model = StrictCharField(required=False, allow_null=True, allow_blank=True)
+    model = StrictCharField(
+        required=False, allow_null=True, allow_blank=True, max_length=IDENTIFIER_MAX
+    )
     # Message normalisation (missing role, non-string content) belongs to the chat
     # template layer; the edge only insists on a non-empty list of objects.
-    messages = serializers.ListField(child=serializers.DictField(), allow_empty=False)
-    temperature = StrictFloatField(required=False, allow_null=True)
-    top_p = StrictFloatField(required=False, allow_null=True)
-    top_k = StrictIntegerField(required=False, allow_null=True)
+    messages = BoundedListField(
+        child=serializers.DictField(), allow_empty=False, setting="PANTHEON_MAX_MESSAGES"
+    )
+    temperature = StrictFloatField(
+        required=False,
+        allow_null=True,
+        min_value=TEMPERATURE_RANGE[0],
+        max_value=TEMPERATURE_RANGE[1],
+    )
+    top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    top_k = StrictIntegerField(  # <= 0 disables it
+        required=False, allow_null=True, min_value=-(1 << 31), max_value=(1 << 31) - 1
+    )
     max_tokens = StrictIntegerField(required=False, allow_null=True)
     max_completion_tokens = StrictIntegerField(required=False, allow_null=True)
     stop = StopField(required=False, allow_null=True)
@@ -117,7 +193,9 @@ class ChatCompletionRequest(serializers.Serializer):
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
     presence_penalty = StrictFloatField(required=False, allow_null=True)
     frequency_penalty = StrictFloatField(required=False, allow_null=True)
-    repetition_penalty = StrictFloatField(required=False, allow_null=True)
+    repetition_penalty = StrictFloatField(
+        required=False, allow_null=True, max_value=REPETITION_PENALTY_MAX
+    )
     min_p = StrictFloatField(required=False, allow_null=True)
     logit_bias = LogitBiasField(required=False, allow_null=True)
     logprobs = StrictBooleanField(required=False, allow_null=True)
@@ -128,12 +206,16 @@ class ChatCompletionRequest(serializers.Serializer):
     max_reasoning_tokens = StrictIntegerField(required=False, allow_null=True)
     # OpenAI tools; their entries and tool_choice are checked in views._tools (the
     # dialect's parse_tools), which also decides the grammar.
-    tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
+    tools = BoundedListField(
+        child=serializers.DictField(), required=False, allow_null=True, setting="PANTHEON_MAX_TOOLS"
+    )
     tool_choice = serializers.JSONField(required=False, allow_null=True)
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
-    session_id = StrictCharField(required=False, allow_null=True, max_length=256)
-    prompt_cache_key = StrictCharField(required=False, allow_null=True, max_length=256)
-    promptCacheKey = StrictCharField(required=False, allow_null=True, max_length=256)  # noqa: N815
+    session_id = StrictCharField(required=False, allow_null=True, max_length=IDENTIFIER_MAX)
+    prompt_cache_key = StrictCharField(required=False, allow_null=True, max_length=IDENTIFIER_MAX)
+    promptCacheKey = StrictCharField(  # noqa: N815
+        required=False, allow_null=True, max_length=IDENTIFIER_MAX
+    )
 
     def session_key(self, header: str | None) -> str | None:
         """The session id: `session_id`, `prompt_cache_key`, `promptCacheKey`, then the
@@ -146,6 +228,8 @@ class ChatCompletionRequest(serializers.Serializer):
             header,
         ):
             if value:
+                if len(value) > IDENTIFIER_MAX:  # only the header can still be longer
+                    raise invalid_request(f"X-Session-Id: at most {IDENTIFIER_MAX} characters")
                 return value
         return None
 
@@ -236,19 +320,45 @@ def resolve_max_tokens(max_tokens: int | None, max_completion_tokens: int | None
 
 
 def parse_json_object(body: bytes) -> dict:
-    """The request body as a JSON object, or a 400. Content-Type is not checked (the
-    contract: the body is parsed as JSON regardless)."""
+    """The request body as a JSON object, or a 400: the one parser of every JSON route.
+    Content-Type is not checked (the contract: the body is parsed as JSON regardless).
+    Nesting is bounded (MAX_JSON_DEPTH); NaN/Infinity literals and integers past Python's
+    4300 digits are refused; the body's size was bounded before it was read."""
     if not body.strip():
         raise invalid_request("request body is empty; expected a JSON object")
     try:
         data = json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:
+        raise invalid_request(_too_deep()) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid_request(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise invalid_request(
             f"request body must be a JSON object, not {type(data).__name__ if data is not None else 'null'}"
         )
+    if _too_nested(data):
+        raise invalid_request(_too_deep())
     return data
+
+
+def _too_deep() -> str:
+    return (
+        f"request body is nested too deeply: at most {MAX_JSON_DEPTH} levels of arrays and objects"
+    )
+
+
+def _too_nested(data: dict) -> bool:
+    """Whether arrays/objects nest deeper than MAX_JSON_DEPTH (the body's object is level
+    1). Iterative: the check itself must not recurse."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
 
 
 def _reject_constant(name: str):

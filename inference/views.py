@@ -41,6 +41,7 @@ from inference.errors import (
     not_found,
     shutting_down,
 )
+from inference.request_log import note
 from inference.runtime import FAILED, build_id, runtime
 from inference.serializers import parse_json_object, validated_chat_request
 from inference.sse import DONE, EventStreamResponse, sse_data
@@ -111,6 +112,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         chat = validated_chat_request(request.body)
         stream = chat.is_stream
         name, svc = runtime.resolve(chat.validated_data.get("model"))
+        session_id = chat.session_key(request.headers.get("X-Session-Id"))
+        note(request, model=name, session_id=session_id)
         data = chat.validated_data
         enable_thinking = data.get("enable_thinking")
         if enable_thinking is None:
@@ -148,7 +151,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             prompt_ids=tuple(prompt_ids),
             params=chat.sampling_params(),
             n=chat.n_choices,
-            session_id=chat.session_key(request.headers.get("X-Session-Id")),
+            session_id=session_id,
             think_style=svc.think_style,
             think_open=think_open,
             reasoning_budget=max(0, budget),

@@ -5,32 +5,23 @@ Strict about JSON types (the client routes' fields): "4" is not a number here ei
 
 from __future__ import annotations
 
-import json
-
 from rest_framework import serializers
 
-from inference.errors import invalid_request
 from inference.runtime import MAX_CHAT_TEMPLATE_BYTES, MAX_DIES, LoadSpec, default_options
-from inference.serializers import StrictBooleanField, StrictCharField, StrictIntegerField
+from inference.serializers import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    parse_json_object,
+)
 
 NAME_MAX = 200  # operators.models: the served name's column
 
 
-def json_object(raw: bytes) -> dict:
-    """The request body as a JSON object; the Content-Type is not checked (curl -d works)."""
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise invalid_request(f"malformed JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise invalid_request("the body must be a JSON object")
-    return body
-
-
 def validated(serializer_class, raw: bytes) -> dict:
-    serializer = serializer_class(data=json_object(raw))
+    """The body (the client routes' parser: a JSON object, bounded nesting, whatever the
+    Content-Type says, so curl -d works) through `serializer_class`."""
+    serializer = serializer_class(data=parse_json_object(raw))
     serializer.is_valid(raise_exception=True)  # DRF's ValidationError -> 400 (inference.errors)
     return serializer.validated_data
 
@@ -50,7 +41,7 @@ class LoadRequest(serializers.Serializer):
     path = StrictCharField(max_length=4096)
     name = NameField(required=False, allow_null=True, allow_blank=True)
     dies = serializers.ListField(
-        child=StrictIntegerField(min_value=0),
+        child=StrictIntegerField(min_value=0, max_value=1 << 16),  # die indices
         required=False,
         allow_null=True,
         max_length=MAX_DIES,

@@ -12,7 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from inference import runtime as registry
-from inference.errors import ApiError
+from inference.errors import ApiError, invalid_request
+from inference.request_log import note
 from inference.runtime import (
     Conflict,
     InsufficientMemory,
@@ -25,6 +26,7 @@ from inference.runtime import (
 from operators import files
 from operators.rows import dies_listing, model_row
 from operators.serializers import (
+    NAME_MAX,
     AliasRequest,
     LoadRequest,
     NameRequest,
@@ -68,6 +70,7 @@ class LoadView(APIView):
 
     def post(self, request):
         spec = load_spec(validated(LoadRequest, request.body))
+        note(request, model=spec.name)
         try:
             info = live().load(spec)
         except OperatorError as exc:
@@ -80,6 +83,7 @@ class UnloadView(APIView):
 
     def post(self, request):
         name = validated(NameRequest, request.body)["name"]
+        note(request, model=name)
         try:
             result = live().unload(name)
         except OperatorError as exc:
@@ -122,6 +126,8 @@ class AliasView(APIView):
     """DELETE /admin/aliases/{alias}."""
 
     def delete(self, request, alias: str):
+        if len(alias) > NAME_MAX:
+            raise invalid_request(f"alias: at most {NAME_MAX} characters")
         try:
             live().delete_alias(alias)
         except OperatorError as exc:

@@ -17,6 +17,7 @@ SESSION_PATHS = frozenset(
     {"/session/restore", "/session/release", "/session/watch", "/session/estimate"}
 )
 EXPORT_PATH = "/admin/session/export"
+RESTORE_PATH = "/session/restore"
 # Bodies that may be large: a chat (long prompts, images later) and a restore (a KV blob).
 LARGE_BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/session/restore"})
 
@@ -47,6 +48,15 @@ def is_management(path: str) -> bool:
 
 def body_limit(path: str) -> int:
     """The most body bytes a request to `path` may send (413 beyond, before parsing).
-    /session/restore may go further when a served model's full-window blob needs it
-    (sessions.views._restore_body); this is the floor every route class gets."""
+    /session/restore may go further when a served model's full-window blob needs it: the
+    same number its view reads up to (sessions.views.restore_body_limit)."""
+    if path == RESTORE_PATH:
+        from sessions.views import restore_body_limit
+
+        return max(LARGE_BODY_BYTES, restore_body_limit())
     return LARGE_BODY_BYTES if path in LARGE_BODY_PATHS else MANAGEMENT_BODY_BYTES
+
+
+def body_class(path: str) -> str:
+    """The route class a body limit belongs to, for messages: "large" or "management"."""
+    return "large" if path in LARGE_BODY_PATHS else "management"

@@ -21,6 +21,8 @@ PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
+PANTHEON_MAX_MESSAGES  `messages` a chat request may hold (4096)
+PANTHEON_MAX_TOOLS     `tools` a chat request may offer (128)
 PANTHEON_API_KEY       key for the client routes (inference, sessions); alone, also the
                        operator routes (unset: no key, unless console keys exist)
 PANTHEON_ADMIN_API_KEY key for every route, operator routes and session export included
@@ -48,6 +50,7 @@ from pantheon_site.env import (
     env_str,
     parse_model_specs,
 )
+from pantheon_site.routes import LARGE_BODY_BYTES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -159,8 +162,14 @@ DATABASES = {
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Long conversations are large JSON bodies; Django's 2.5 MB default would refuse a
-# 128k-token chat before the engine could answer with context_over_budget.
-DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024 * 1024
+# 128k-token chat before the engine could answer with context_over_budget. The ASGI body
+# limit (pantheon_site/limits.py) answers 413 first: a body within a route's limit is read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = LARGE_BODY_BYTES
+# Request bounds beyond the body size (README "Limits"; inference/serializers.py).
+PANTHEON_MAX_MESSAGES = env_int("PANTHEON_MAX_MESSAGES", 4096)
+PANTHEON_MAX_TOOLS = env_int("PANTHEON_MAX_TOOLS", 128)
+if PANTHEON_MAX_MESSAGES < 1 or PANTHEON_MAX_TOOLS < 0:
+    raise EnvError("PANTHEON_MAX_MESSAGES must be >= 1 and PANTHEON_MAX_TOOLS >= 0")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -241,13 +250,17 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json_line": {"format": "%(message)s"},  # the access log: one JSON object a line
     },
     "handlers": {
         "stderr": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "access": {"class": "logging.StreamHandler", "formatter": "json_line"},
     },
     "loggers": {
         # Engine load progress and request failures; visible without DEBUG.
         "pantheon": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        # One line per request (pantheon_site/access_log.py).
+        "pantheon.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
     },
 }
 

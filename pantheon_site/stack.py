@@ -49,5 +49,21 @@ def access_guard(app):
     return AccessGuard(app)
 
 
+def access_log(app):
+    """One JSON line per request on `pantheon.access` (pantheon_site/access_log.py).
+    Outermost: every answer is logged, the other layers' refusals included."""
+    from pantheon_site.access_log import AccessLog
+
+    return AccessLog(app)
+
+
+def body_limit(app):
+    """413 for a body over its route class's limit, before Django reads it
+    (pantheon_site/limits.py). Innermost: a request the guard refuses is never read."""
+    from pantheon_site.limits import BodyLimit
+
+    return BodyLimit(app)
+
+
 # Each entry: a callable taking an ASGI app and returning one. Outermost first.
-LAYERS: list = [access_guard]
+LAYERS: list = [access_log, access_guard, body_limit]

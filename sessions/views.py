@@ -30,6 +30,7 @@ from inference.errors import (
     json_response,
     method_not_allowed,
 )
+from inference.request_log import note
 from inference.runtime import ModelNotFound, NoModelsLoaded
 from inference.serializers import parse_json_object
 
@@ -78,6 +79,8 @@ def _model_name(value: object) -> str | None:
         return None
     if not isinstance(value, str):
         raise invalid_request("name: expected a string")
+    if len(value) > SESSION_ID_MAX:
+        raise invalid_request(f"name: at most {SESSION_ID_MAX} characters")
     return value
 
 
@@ -115,7 +118,8 @@ def export_session(request: HttpRequest) -> HttpResponse:
     The session id comes from the body only."""
     body = parse_json_object(request.body)
     sid = _session_id(body.get("session_id"))
-    _, svc = _caching_service(_model_name(body.get("name")))
+    served, svc = _caching_service(_model_name(body.get("name")))
+    note(request, model=served, session_id=sid)
     return json_response(export_body(svc.export_session(sid)))
 
 
@@ -151,7 +155,13 @@ def restore_session(request: HttpRequest) -> HttpResponse:
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < TOKEN_ID_LIMIT for t in tokens
     ):
         raise invalid_request("tokens: expected an array of token ids (integers)")
-    _, svc = _caching_service(_model_name(body.get("name")))
+    served, svc = _caching_service(_model_name(body.get("name")))
+    note(request, model=served, session_id=sid)
+    if len(tokens) > svc.context_window_configured:
+        raise invalid_request(
+            f"tokens: {len(tokens)} ids, more than this model's "
+            f"{svc.context_window_configured}-token context window"
+        )
     try:
         blob = base64.b64decode(blob_b64, validate=True)
     except ValueError:  # binascii.Error, or a non-ASCII string
@@ -160,18 +170,24 @@ def restore_session(request: HttpRequest) -> HttpResponse:
     return json_response({"restored": True, "session_id": sid, "n_tok": n_tok})
 
 
-def _restore_body(request: HttpRequest) -> bytes:
-    """A restore's body, bounded by what a whole context window of the largest served
-    model needs rather than DATA_UPLOAD_MAX_MEMORY_SIZE: the blob is every KV byte of a
-    conversation in base64 (SmolLM2: 60 KiB per token), so a session of a thousand
-    tokens is already past Django's 64 MiB."""
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is None:
-        return request.read()
+def restore_body_limit() -> int:
+    """The most body bytes a restore takes: DATA_UPLOAD_MAX_MEMORY_SIZE (the large-body
+    route class's 64 MiB), or what a whole context window of the largest served model
+    needs when that is more: the blob is every KV byte of a conversation in base64
+    (SmolLM2: 60 KiB per token), so a session of a thousand tokens is already past 64 MiB.
+    The ASGI body limit (pantheon_site/routes.body_limit) answers 413 past the same number."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0
     for svc in _live().services().values():
         # base64 of the KV, plus each token id twice (the blob's header and `tokens`)
         per_token = svc.kv.bytes_per_token() * 4 // 3 + 40
         limit = max(limit, svc.context_window_configured * per_token + RESTORE_SLACK_BYTES)
+    return limit
+
+
+def _restore_body(request: HttpRequest) -> bytes:
+    """A restore's body, up to restore_body_limit() rather than Django's
+    DATA_UPLOAD_MAX_MEMORY_SIZE (request.read() does not check it; request.body would)."""
+    limit = restore_body_limit()
     body = request.read(limit + 1)
     if len(body) > limit:
         raise invalid_request(
@@ -187,7 +203,8 @@ def release_session(request: HttpRequest) -> HttpResponse:
     now. Idempotent: an unknown or already released id is also a 200."""
     body = parse_json_object(request.body)
     sid = _session_id(body.get("session_id"), request.headers.get("X-Session-Id", ""))
-    _, svc = _live().resolve(_model_name(body.get("name")))
+    served, svc = _live().resolve(_model_name(body.get("name")))
+    note(request, model=served, session_id=sid)
     svc.release_session(sid)
     return json_response({"released": True, "session_id": sid})
 

@@ -1,0 +1,113 @@
+"""AccessLog: one structured line per HTTP request, on the logger `pantheon.access`.
+
+The outermost ASGI layer, so every answer is logged, the other layers' refusals included.
+The line is a JSON object written when the response has ended, or when the client went
+away first (a stream cut short: `"aborted": true`):
+
+    {"method": "POST", "route": "/v1/chat/completions", "status": 200, "bytes": 1234,
+     "duration_ms": 812.4, "model": "smollm2-135m-instruct", "session": "5d41402abc4b",
+     "key": "ci-runner"}
+
+- `route` is the URL pattern the path matched (`/admin/aliases/<path:alias>`), never the
+  raw path, so a client cannot write what it likes into the log; an unknown path is
+  "unmatched".
+- `model` and `session` come from the view (inference.request_log.note): the served model
+  and the first 12 hex characters of the session id's sha256, when the request has them.
+- `key` is the label of the API key that authenticated the request (the access guard puts
+  it in the scope), never the key.
+Never logged: the body (prompts), the query string, any header (Authorization, x-api-key).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+
+from inference.request_log import SCOPE_KEY
+
+log = logging.getLogger("pantheon.access")
+
+KEY_SCOPE = "pantheon.key"  # the key's label, set in place by the guard (access/guard.py)
+_METHOD = re.compile(r"[A-Z]{1,16}")
+
+
+class AccessLog:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        noted: dict = {}
+        scope = {**scope, SCOPE_KEY: noted}
+        state = {"status": None, "bytes": 0, "ended": False}
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            elif message["type"] == "http.response.body":
+                state["bytes"] += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    state["ended"] = True
+            await send(message)
+
+        failed = False
+        try:
+            await self.app(scope, receive, counting_send)
+        except BaseException:
+            failed = True  # the server answers 500 (or the client is gone): log, re-raise
+            raise
+        finally:
+            try:
+                log.info(_line(scope, noted, state, failed, time.perf_counter() - t0))
+            except Exception:  # the log must never be why a request fails
+                logging.getLogger("pantheon.http").exception("access log line failed")
+
+
+def _line(scope: dict, noted: dict, state: dict, failed: bool, seconds: float) -> str:
+    status = state["status"]
+    if status is None and failed:
+        status = 500
+    method = scope.get("method", "")
+    line = {
+        "method": method if _METHOD.fullmatch(method) else "other",
+        "route": route_of(scope.get("path", "")),
+        "status": status,
+        "bytes": state["bytes"],
+        "duration_ms": round(seconds * 1000, 1),
+    }
+    if "model" in noted:
+        line["model"] = noted["model"]
+    if "session" in noted:
+        line["session"] = noted["session"]
+    key = key_label(scope.get(KEY_SCOPE))
+    if key:
+        line["key"] = key
+    if not state["ended"]:
+        line["aborted"] = True
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=True)
+
+
+def route_of(path: str) -> str:
+    """The route `path` belongs to, as its URL pattern; "unmatched" for anything else."""
+    if path == "/session/watch":  # a Channels consumer, outside Django's URLconf
+        return path
+    if path.startswith("/static/"):
+        return "/static/*"
+    from django.urls import Resolver404, resolve
+
+    try:
+        match = resolve(path)
+    except (Resolver404, ValueError):
+        return "unmatched"
+    if match.url_name is None and match.route in ("", "^"):
+        return "unmatched"  # the catch-all JSON 404
+    return "/" + match.route.removeprefix("^")
+
+
+def key_label(label: object) -> str | None:
+    """The key's label the guard left in the scope, at most 64 characters."""
+    return label[:64] if isinstance(label, str) and label else None
