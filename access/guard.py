@@ -96,8 +96,12 @@ class AccessGuard:
         needed = routes.scope_for(scope["path"])
         if scope["method"] == "OPTIONS" or needed == routes.OPEN:
             return None
-        if not keys.env_principals() and not await _console_keys_exist():
-            return None  # no key configured: open, as the contract says
+        if not keys.env_principals():
+            exist = keys.cached_console_keys_exist()
+            if exist is None:
+                exist = await _console_keys_exist()
+            if not exist:
+                return None  # no key configured: open, as the contract says
         presented = presented_keys(scope)
         principal = keys.match_env(presented)
         if principal is None and presented:
@@ -121,8 +125,10 @@ class AccessGuard:
         return principal
 
 
-_console_keys_exist = database_sync_to_async(keys.console_keys_exist)
-_lookup_console = database_sync_to_async(keys.lookup_console)
+# Not thread-sensitive: outside Django's per-request context, thread-sensitive calls share
+# one thread, and a key lookup must not queue behind a long synchronous call there.
+_console_keys_exist = database_sync_to_async(keys.console_keys_exist, thread_sensitive=False)
+_lookup_console = database_sync_to_async(keys.lookup_console, thread_sensitive=False)
 
 
 def header(scope, name: bytes) -> str | None:
@@ -215,9 +221,10 @@ def check_origin(scope) -> None:
         return
     parts = urlsplit(origin.strip())
     host = header(scope, b"host")
-    scheme = scope.get("scheme") or "http"
+    # A Host without a port means the default port of the scheme the browser used, which
+    # for a same-origin request is the Origin's (also behind a TLS-terminating proxy).
     if parts.scheme and parts.netloc and host:
-        if _netloc(parts.netloc, parts.scheme) == _netloc(host, scheme):
+        if _netloc(parts.netloc, parts.scheme) == _netloc(host, parts.scheme.lower()):
             return
     raise Refusal(
         403,

@@ -100,12 +100,20 @@ _cache_lock = threading.Lock()
 _cache: dict = {"value": None, "until": 0.0}
 
 
-def console_keys_exist() -> bool:
-    """Whether an unrevoked console key exists (database access: call from a thread).
-    Cached for CACHE_TTL_S; saving or deleting an ApiKey in this process clears it."""
+def cached_console_keys_exist() -> bool | None:
+    """console_keys_exist() while its cached answer is fresh, else None (no database)."""
     with _cache_lock:
         if _cache["value"] is not None and time.monotonic() < _cache["until"]:
             return _cache["value"]
+    return None
+
+
+def console_keys_exist() -> bool:
+    """Whether an unrevoked console key exists (database access: call from a thread).
+    Cached for CACHE_TTL_S; saving or deleting an ApiKey in this process clears it."""
+    cached = cached_console_keys_exist()
+    if cached is not None:
+        return cached
     from access.models import ApiKey
 
     value = ApiKey.objects.filter(revoked=False).exists()

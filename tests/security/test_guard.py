@@ -232,6 +232,19 @@ async def test_the_servers_own_origin_may_post(app, rt, origin):
 async def test_the_port_is_part_of_the_origin(app, rt):
     reply = await call(app, "POST", CHAT, body={}, headers={"origin": "http://127.0.0.1:9999"})
     reply.error(403, "forbidden_origin")
+    reply = await call(app, "POST", CHAT, body={}, headers={"origin": "http://127.0.0.1"})
+    reply.error(403, "forbidden_origin")
+
+
+async def test_a_host_without_a_port_takes_the_origins_default_port(app, rt):
+    """As behind a TLS-terminating proxy: Host "pantheon.example", Origin https://..."""
+    server = ("10.0.0.5", 8000)
+    same = {"host": "pantheon.example", "origin": "https://pantheon.example"}
+    reply = await call(app, "POST", CHAT, body={}, headers=same, server=server)
+    assert reply.status == 400, reply.body
+    other = {"host": "pantheon.example", "origin": "https://pantheon.example:8443"}
+    reply = await call(app, "POST", CHAT, body={}, headers=other, server=server)
+    reply.error(403, "forbidden_origin")
 
 
 @pytest.mark.parametrize("allowed", [["http://app.example"], ["*"]])
