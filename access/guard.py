@@ -28,13 +28,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 from urllib.parse import urlsplit
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from access import keys
 from pantheon_site import routes
+
+log = logging.getLogger("pantheon.http")
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -66,6 +70,18 @@ class AccessGuard:
             principal = await self.authenticate(scope)
         except Refusal as refusal:
             return await refuse(send, refusal)
+        except DatabaseError:
+            # Fail closed: the console keys cannot be read (e.g. `migrate` was not run).
+            log.exception("API keys: the key table cannot be read")
+            return await refuse(
+                send,
+                Refusal(
+                    503,
+                    "key_store_unavailable",
+                    "the server cannot read its API keys from the database; the operator "
+                    "should check the database and run `manage.py migrate`",
+                ),
+            )
         if principal is None:
             return await self.app(scope, receive, send)
         scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it

@@ -416,3 +416,18 @@ async def test_other_scope_types_pass_through():
 
     await AccessGuard(inner)({"type": "lifespan"}, None, None)
     assert seen == ["lifespan"]
+
+
+async def test_an_unreadable_key_table_fails_closed(app, rt, monkeypatch):
+    from channels.db import database_sync_to_async
+    from django.db import OperationalError
+
+    from access import guard
+
+    def broken():
+        raise OperationalError("no such table: access_apikey")
+
+    monkeypatch.setattr(guard, "_console_keys_exist", database_sync_to_async(broken))
+    reply = await call(app, "GET", MODELS)
+    assert "migrate" in reply.error(503, "key_store_unavailable")
+    assert (await call(app, "GET", "/")).status == 200  # open routes need no key table
