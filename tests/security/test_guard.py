@@ -82,7 +82,7 @@ async def test_options_preflight_needs_no_key(app, rt, env_keys):
 
 async def test_unknown_routes_and_the_watch_need_a_key(app, rt, env_keys):
     (await call(app, "GET", "/nope")).error(401, "invalid_api_key")
-    (await call(app, "GET", "/session/watch?session_id=x")).error(401, "invalid_api_key")
+    (await call(app, "GET", "/session/watch")).error(401, "invalid_api_key")
 
 
 # --- 403 insufficient_scope ------------------------------------------------------------
@@ -431,3 +431,8 @@ async def test_an_unreadable_key_table_fails_closed(app, rt, monkeypatch):
     reply = await call(app, "GET", MODELS)
     assert "migrate" in reply.error(503, "key_store_unavailable")
     assert (await call(app, "GET", "/")).status == 200  # open routes need no key table
+
+
+async def test_a_key_with_sessions_gets_to_the_watch(app, tiny, env_keys):
+    reply = await call(app, "GET", "/session/watch", headers=bearer(CLIENT_KEY), timeout=10)
+    assert reply.status not in REFUSED, reply.body
