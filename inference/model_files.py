@@ -36,7 +36,7 @@ def allowed_model_path(path: str) -> Path:
     else:
         candidates = [d / given for d in dirs]
         # The first folder that has the file; else the first, so that a missing file is a 404
-        candidates.sort(key=lambda p: not p.exists())
+        candidates.sort(key=lambda p: not _exists(p))
     for candidate in candidates:
         resolved = candidate.resolve()
         if any(resolved.is_relative_to(d) for d in dirs):
@@ -46,6 +46,23 @@ def allowed_model_path(path: str) -> Path:
         f"{path!r} is outside the model folders; models load only from PANTHEON_MODEL_DIRS: "
         f"{allowed}"
     )
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists(), False also for a name the filesystem cannot hold (ENAMETOOLONG and
+    the like raise from Path.exists; a client may send such a name)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def is_file(path: Path) -> bool:
+    """Path.is_file(), False also for a name the filesystem cannot hold."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import psutil
 
 import kernels
 from inference.engine.types import ModelConfig
-from inference.model_files import ModelFileInfo, allowed_model_path, model_file_info
+from inference.model_files import ModelFileInfo, allowed_model_path, is_file, model_file_info
 
 if TYPE_CHECKING:
     from inference.engine.service import ModelService
@@ -767,7 +767,7 @@ def resolve_chat_template(value: str) -> str:
             path = allowed_model_path(value)
         except PermissionError as exc:
             raise PathNotAllowed(f"chat_template: {exc}") from None
-        if not path.is_file():
+        if not is_file(path):
             raise NotFound(f"chat_template: no such file: {value}")
         if path.stat().st_size > MAX_CHAT_TEMPLATE_BYTES:
             raise InvalidOption(

@@ -358,7 +358,7 @@ _INSTANCE = _object(
         "path": STRING,
         "architecture": STRING,
         "quantization": STRING,
-        "weights_version": INT,
+        "weights_version": {"type": "string", "description": "Hash of the weights."},
         "created": INT,
         "loaded_at": INT,
         "dies": {"type": "array", "items": NON_NEGATIVE},
@@ -431,6 +431,8 @@ _DIES = _object(
 )
 
 _NAME = {"type": "string", "maxLength": NAME_MAX}
+# A required name: not blank once trimmed (operators.serializers.NameField).
+_GIVEN_NAME = {**_NAME, "minLength": 1, "pattern": r"\S"}
 _OPTION = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]}
 
 _LOAD_REQUEST = _object(
@@ -745,7 +747,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                     )
                 ),
                 (400, 404, 409),
-                body=_object({"name": _NAME}, ("name",), additionalProperties=True),
+                body=_object({"name": _GIVEN_NAME}, ("name",), additionalProperties=True),
                 tag="operator",
             )
         },
@@ -757,7 +759,9 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                 _ok(_object({"name": STRING, "pinned": BOOL}, ("name", "pinned"))),
                 (400, 404, 409),
                 body=_object(
-                    {"name": _NAME, "pinned": BOOL}, ("name", "pinned"), additionalProperties=True
+                    {"name": _GIVEN_NAME, "pinned": BOOL},
+                    ("name", "pinned"),
+                    additionalProperties=True,
                 ),
                 tag="operator",
             )
@@ -796,13 +800,14 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                 (400, 404, 409),
                 body=_object(
                     {
-                        "alias": _NAME,
-                        "target": _NAME,
-                        "model": {**_NAME, "description": "Accepted for target."},
+                        "alias": _GIVEN_NAME,
+                        "target": _GIVEN_NAME,
+                        "model": {**_GIVEN_NAME, "description": "Accepted for target."},
                     },
                     ("alias",),
                     additionalProperties=True,
                     description="`target` (or `model`) is required.",
+                    anyOf=[{"required": ["target"]}, {"required": ["model"]}],
                 ),
                 tag="operator",
             ),
@@ -836,7 +841,10 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                     _object(
                         {
                             "session_id": STRING,
-                            "weights_version": INT,
+                            "weights_version": {
+                                "type": "string",
+                                "description": "Hash of the weights.",
+                            },
                             "n_tok": NON_NEGATIVE,
                             "blob_bytes": NON_NEGATIVE,
                             "blob_b64": STRING,

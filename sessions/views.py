@@ -241,13 +241,16 @@ def estimate_session(request: HttpRequest) -> HttpResponse:
         cold_s = tokens / rate
         bytes_per_token = ESTIMATE_BYTES_PER_TOKEN
     blob_bytes_est = blob_bytes if blob_bytes is not None else tokens * bytes_per_token
+    warm_s = blob_bytes_est / upload_bps
+    if not math.isfinite(warm_s):  # a tiny upload_bps: JSON has no Infinity
+        raise invalid_request(f"upload_bps: too small, {upload_bps!r} overflows the estimate")
     return json_response(
         {
             "model": model,
             "tokens": tokens,
             "prefill_tok_per_s": round(rate, 2),
             "cold_reprefill_s": round(cold_s, 3),
-            "warm_restore_s": round(blob_bytes_est / upload_bps, 3),
+            "warm_restore_s": round(warm_s, 3),
             "blob_bytes_est": blob_bytes_est,
             "prefill_rate_measured": measured,
         }
