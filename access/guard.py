@@ -284,9 +284,7 @@ async def refuse(send, refusal: Refusal) -> None:
     """The contract's error shape, with its CORS and Connection headers."""
     from inference.errors import error_body
 
-    body = json.dumps(
-        error_body(refusal.message, refusal.type, code=refusal.type), separators=(",", ":")
-    ).encode()
+    body = json.dumps(error_body(refusal.message, refusal.type), separators=(",", ":")).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

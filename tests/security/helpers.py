@@ -27,7 +27,7 @@ class Reply:
         assert self.status == status, (self.status, self.body)
         error = self.json()["error"]
         assert set(self.json()) == {"error"}
-        assert error["type"] == type_ and error["code"] == type_ and error["message"], error
+        assert error["type"] == type_ and error["code"] is None and error["message"], error
         assert self.headers["access-control-allow-origin"] == "*"
         assert self.headers["content-type"] == "application/json"
         return error["message"]
