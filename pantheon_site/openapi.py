@@ -9,7 +9,6 @@ in step with the URL table.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from django.conf import settings
@@ -19,12 +18,20 @@ from django.views.decorators.csrf import csrf_exempt
 from inference.engine.types import MAX_CHOICES, MAX_TOKENS_CLAMP
 from inference.errors import json_response, method_not_allowed
 from inference.runtime import MAX_CHAT_TEMPLATE_BYTES, MAX_DIES
+from inference.serializers import (
+    IDENTIFIER_MAX,
+    INT64_BOUND,
+    MAX_JSON_DEPTH,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_STRINGS,
+    REPETITION_PENALTY_MAX,
+    TEMPERATURE_RANGE,
+)
+from operators.serializers import NAME_MAX
 from pantheon_site import routes
+from sessions.views import ESTIMATE_MAX, SESSION_ID_MAX, TOKEN_ID_LIMIT
 
 OPENAPI_VERSION = "3.1.0"
-SESSION_ID_MAX = 256  # sessions.views.SESSION_ID_MAX, the chat route's session_id
-NAME_MAX = 200  # operators.serializers.NAME_MAX
-ESTIMATE_MAX = (1 << 63) - 1  # sessions.views.ESTIMATE_MAX
 DEBUG_PATH = "/admin/debug/simulate-memory-pressure"
 # The HTTP methods an OpenAPI path item may hold an operation for.
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -52,6 +59,9 @@ def _object(properties: dict, required: tuple = (), **extra: Any) -> dict:
 INT = {"type": "integer"}
 NON_NEGATIVE = {"type": "integer", "minimum": 0}
 NUMBER = {"type": "number"}
+# What a request's integer (and unbounded number) fields take: |value| < 2**64.
+INT64 = {"type": "integer", "minimum": 1 - INT64_BOUND, "maximum": INT64_BOUND - 1}
+FINITE = {"type": "number", "exclusiveMinimum": -INT64_BOUND, "exclusiveMaximum": INT64_BOUND}
 STRING = {"type": "string"}
 BOOL = {"type": "boolean"}
 
@@ -73,7 +83,8 @@ _ERROR = _object(
                     "server_shutting_down, server_error, load_failed, unload_failed, "
                     "pin_failed, invalid_alias, alias_conflict, alias_not_found, "
                     "invalid_api_key, insufficient_scope, forbidden_host, forbidden_origin, "
-                    "payload_too_large, unsupported_media_type, ...",
+                    "key_concurrency_exceeded, key_store_unavailable, request_too_large, "
+                    "unsupported_media_type, ...",
                 },
                 "code": _nullable(STRING),
             },
@@ -111,91 +122,140 @@ _CHAT_MESSAGE = _object(
 
 _SESSION_ID = {"type": "string", "maxLength": SESSION_ID_MAX}
 
-_CHAT_REQUEST = _object(
-    {
-        "model": _nullable(
-            {
-                "type": "string",
-                "description": "Served name or alias; with one model loaded any value (or "
-                "none) routes to it.",
-            }
-        ),
-        "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-        "temperature": _nullable({**NUMBER, "description": "Default 0.7; <= 0 is greedy."}),
-        "top_p": _nullable({**NUMBER, "description": "Default 0.95."}),
-        "top_k": _nullable({**INT, "description": "Default 40."}),
-        "max_tokens": _nullable(
-            {
-                **INT,
-                "description": f"Default 1024; 0 or negative means 512; clamped to "
-                f"{MAX_TOKENS_CLAMP}. Wins over max_completion_tokens.",
-            }
-        ),
-        "max_completion_tokens": _nullable(INT),
-        "stop": _nullable(
-            {"anyOf": [STRING, {"type": "array", "items": STRING}], "description": "Stop strings."}
-        ),
-        "seed": _nullable({**INT, "description": "With n > 1, choice i samples with seed + i."}),
-        "n": _nullable(
-            {
-                "type": "integer",
-                "minimum": 1,
-                "description": f"Choices; more than {MAX_CHOICES} returns {MAX_CHOICES} with "
-                "n_status capped_to_8.",
-            }
-        ),
-        "stream": _nullable({**BOOL, "description": "true: an SSE stream (text/event-stream)."}),
-        "stream_options": _nullable(_object({"include_usage": _nullable(BOOL)})),
-        "presence_penalty": _nullable({**NUMBER, "description": "Clamped to [-2, 2]."}),
-        "frequency_penalty": _nullable({**NUMBER, "description": "Clamped to [-2, 2]."}),
-        "repetition_penalty": _nullable(
-            {"type": "number", "exclusiveMinimum": 0, "description": "1 disables it."}
-        ),
-        "min_p": _nullable({**NUMBER, "description": "Clamped to [0, 1]."}),
-        "logit_bias": _nullable(
-            {
-                "type": "object",
-                "additionalProperties": True,
-                "description": '{"<token id>": bias}; bias clamped to [-100, 100]; '
-                "non-numeric keys or values are skipped.",
-            }
-        ),
-        "logprobs": _nullable(BOOL),
-        "top_logprobs": _nullable(
-            {**INT, "description": "Clamped to [0, 20]; > 0 implies logprobs."}
-        ),
-        "response_format": _nullable(
-            {
-                "type": "object",
-                "description": '{"type": "text" | "json_object" | "json_schema", '
-                '"json_schema": {"schema": ...}}.',
-            }
-        ),
-        "enable_thinking": _nullable(BOOL),
-        "reasoning_budget": _nullable(
-            {**INT, "description": "0 or negative: unbounded. Alias max_reasoning_tokens."}
-        ),
-        "max_reasoning_tokens": _nullable(INT),
-        "tools": _nullable(
-            {
+
+def _chat_request() -> dict:
+    """POST /v1/chat/completions' body (inference.serializers.ChatCompletionRequest); the
+    counts of messages and tools are settings."""
+    return _object(
+        {
+            "model": _nullable(
+                {
+                    "type": "string",
+                    "maxLength": IDENTIFIER_MAX,
+                    "description": "Served name or alias; with one model loaded any value (or "
+                    "none) routes to it.",
+                }
+            ),
+            "messages": {
                 "type": "array",
-                "items": {"type": "object"},
-                "description": "OpenAI tool definitions "
-                '({"type": "function", "function": {"name", "parameters"}}).',
-            }
-        ),
-        "tool_choice": {
-            "description": '"auto" (default), "none", "required", or '
-            '{"type": "function", "function": {"name": ...}}.',
+                "minItems": 1,
+                "maxItems": settings.PANTHEON_MAX_MESSAGES,
+                "items": _ref("ChatMessage"),
+            },
+            "temperature": _nullable(
+                {
+                    "type": "number",
+                    "minimum": TEMPERATURE_RANGE[0],
+                    "maximum": TEMPERATURE_RANGE[1],
+                    "description": "Default 0.7; <= 0 is greedy.",
+                }
+            ),
+            "top_p": _nullable(
+                {"type": "number", "minimum": 0, "maximum": 1, "description": "Default 0.95."}
+            ),
+            "top_k": _nullable(
+                {
+                    "type": "integer",
+                    "minimum": -(1 << 31),
+                    "maximum": (1 << 31) - 1,
+                    "description": "Default 40; <= 0 disables it.",
+                }
+            ),
+            "max_tokens": _nullable(
+                {
+                    **INT64,
+                    "description": f"Default 1024; 0 or negative means 512; clamped to "
+                    f"{MAX_TOKENS_CLAMP}. Wins over max_completion_tokens.",
+                }
+            ),
+            "max_completion_tokens": _nullable(INT64),
+            "stop": _nullable(
+                {
+                    "anyOf": [
+                        {"type": "string", "maxLength": IDENTIFIER_MAX},
+                        {
+                            "type": "array",
+                            "maxItems": MAX_STOP_STRINGS,
+                            "items": {"type": "string", "maxLength": IDENTIFIER_MAX},
+                        },
+                    ],
+                    "description": "Stop strings.",
+                }
+            ),
+            "seed": _nullable(
+                {**INT64, "description": "With n > 1, choice i samples with seed + i."}
+            ),
+            "n": _nullable(
+                {
+                    **INT64,
+                    "minimum": 1,
+                    "description": f"Choices; more than {MAX_CHOICES} returns {MAX_CHOICES} with "
+                    "n_status capped_to_8.",
+                }
+            ),
+            "stream": _nullable(
+                {**BOOL, "description": "true: an SSE stream (text/event-stream)."}
+            ),
+            "stream_options": _nullable(_object({"include_usage": _nullable(BOOL)})),
+            "presence_penalty": _nullable({**FINITE, "description": "Clamped to [-2, 2]."}),
+            "frequency_penalty": _nullable({**FINITE, "description": "Clamped to [-2, 2]."}),
+            "repetition_penalty": _nullable(
+                {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": REPETITION_PENALTY_MAX,
+                    "description": "1 disables it.",
+                }
+            ),
+            "min_p": _nullable({**FINITE, "description": "Clamped to [0, 1]."}),
+            "logit_bias": _nullable(
+                {
+                    "type": "object",
+                    "maxProperties": MAX_LOGIT_BIAS,
+                    "additionalProperties": True,
+                    "description": '{"<token id>": bias}; bias clamped to [-100, 100]; '
+                    "non-numeric keys or values are skipped.",
+                }
+            ),
+            "logprobs": _nullable(BOOL),
+            "top_logprobs": _nullable(
+                {**INT64, "description": "Clamped to [0, 20]; > 0 implies logprobs."}
+            ),
+            "response_format": _nullable(
+                {
+                    "type": "object",
+                    "description": '{"type": "text" | "json_object" | "json_schema", '
+                    '"json_schema": {"schema": ...}}.',
+                }
+            ),
+            "enable_thinking": _nullable(BOOL),
+            "reasoning_budget": _nullable(
+                {**INT64, "description": "0 or negative: unbounded. Alias max_reasoning_tokens."}
+            ),
+            "max_reasoning_tokens": _nullable(INT64),
+            "tools": _nullable(
+                {
+                    "type": "array",
+                    "maxItems": settings.PANTHEON_MAX_TOOLS,
+                    "items": {"type": "object"},
+                    "description": "OpenAI tool definitions "
+                    '({"type": "function", "function": {"name", "parameters"}}).',
+                }
+            ),
+            "tool_choice": {
+                "description": '"auto" (default), "none", "required", or '
+                '{"type": "function", "function": {"name": ...}}.',
+            },
+            "session_id": _nullable({**_SESSION_ID, "description": "Prefix-cache session key."}),
+            "prompt_cache_key": _nullable(_SESSION_ID),
+            "promptCacheKey": _nullable(_SESSION_ID),
         },
-        "session_id": _nullable({**_SESSION_ID, "description": "Prefix-cache session key."}),
-        "prompt_cache_key": _nullable(_SESSION_ID),
-        "promptCacheKey": _nullable(_SESSION_ID),
-    },
-    ("messages",),
-    additionalProperties=True,
-    description="Fields not listed are accepted and ignored.",
-)
+        ("messages",),
+        additionalProperties=True,
+        description="Fields not listed are accepted and ignored. Arrays and objects nest at "
+        f"most {MAX_JSON_DEPTH} levels deep.",
+    )
+
 
 _USAGE = _object(
     {
@@ -445,7 +505,11 @@ _LOAD_REQUEST = _object(
         },
         "name": _nullable({**_NAME, "description": "Served name; default: the file name."}),
         "dies": _nullable(
-            {"type": "array", "items": NON_NEGATIVE, "maxItems": MAX_DIES},
+            {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0, "maximum": 1 << 16},
+                "maxItems": MAX_DIES,
+            },
         ),
         "quantize": _nullable(BOOL),
         "ctx_cap": _nullable({**NON_NEGATIVE, "maximum": 1 << 24}),
@@ -465,15 +529,15 @@ _LOAD_REQUEST = _object(
     additionalProperties=True,
 )
 
+_MODEL_NAME = {"type": "string", "maxLength": SESSION_ID_MAX}
 _SESSION_BODY = {
-    "name": _nullable({"type": "string", "description": "The model; absent: the default."}),
+    "name": _nullable({**_MODEL_NAME, "description": "The model; absent: the default."}),
     "session_id": _SESSION_ID,
 }
 
 _SCHEMAS = {
     "Error": _ERROR,
     "ChatMessage": _CHAT_MESSAGE,
-    "ChatCompletionRequest": _CHAT_REQUEST,
     "ChatCompletion": _CHAT_COMPLETION,
     "Usage": _USAGE,
     "Health": _HEALTH,
@@ -540,22 +604,27 @@ _ERRORS = {
         "Conflict",
         "Already loaded or unloading, an alias conflict, or weights_version_mismatch.",
     ),
-    413: ("PayloadTooLarge", "payload_too_large: the body is over the route's limit."),
+    413: (
+        "PayloadTooLarge",
+        "request_too_large: the body is over its route class's limit (answered before it is read).",
+    ),
     415: (
         "UnsupportedMediaType",
-        "unsupported_media_type: a management route's body was "
-        "declared as something other than JSON.",
+        "unsupported_media_type: a POST/PUT/PATCH/DELETE to an operator or session route "
+        "declared a Content-Type other than JSON (none is fine).",
     ),
     422: ("ContextOverBudget", "context_over_budget: the prompt is longer than the window."),
     429: (
         "TooManyRequests",
-        "server_busy, model_at_session_capacity or session_busy; with Retry-After when known.",
+        "server_busy, model_at_session_capacity, session_busy, or key_concurrency_exceeded "
+        "(the key's concurrent requests); with Retry-After when known.",
     ),
     500: ("ServerError", "server_error (never a traceback)."),
     503: (
         "ServiceUnavailable",
-        "no_models_loaded, server_memory_constrained, "
-        "server_shutting_down or watch_unavailable; with Retry-After when known.",
+        "no_models_loaded, server_memory_constrained, server_shutting_down, "
+        "watch_unavailable, or key_store_unavailable (keyed routes: the key table cannot be "
+        "read); with Retry-After when known.",
     ),
     507: ("InsufficientStorage", "load_failed: admission refused (memory)."),
 }
@@ -574,6 +643,8 @@ def _responses_components() -> dict:
             response["headers"] = _RETRY_AFTER
         if status == 405:
             response["headers"] = {"Allow": {"schema": STRING}}
+        if status == 401:
+            response["headers"] = {"WWW-Authenticate": {"schema": STRING}}
         out[name] = response
     return out
 
@@ -596,14 +667,10 @@ def _operation(
     parameters: list | None = None,
     tag: str,
 ) -> dict:
-    """One operation: its success, its own errors, and the ones every layer adds (the key
-    check on keyed routes, the body limit, 415 on management bodies, 500)."""
+    """One operation: its success and its own errors (the layers' are added by
+    _add_layer_errors, which knows the method)."""
     scope = routes.scope_for(path)
-    statuses = set(errors) | {413, 500}
-    if scope != routes.OPEN:
-        statuses |= {401, 403}
-    if body is not None and routes.is_management(path):
-        statuses.add(415)
+    statuses = set(errors) | {500}
     op: dict[str, Any] = {
         "operationId": operation_id,
         "summary": summary,
@@ -622,6 +689,29 @@ def _operation(
     if parameters:
         op["parameters"] = parameters
     return op
+
+
+BODY_METHODS = ("post", "put", "patch", "delete")
+
+
+def _layer_errors(path: str, method: str) -> set[int]:
+    """What the ASGI layers (pantheon_site/stack.py) may answer before the view: the Host
+    and Origin checks (403) and the body limit (413) on every route; on a keyed route the
+    key check (401, 403 insufficient_scope, 429 key_concurrency_exceeded, 503
+    key_store_unavailable); 415 for a declared non-JSON body to a management route."""
+    statuses = {403, 413}
+    if routes.scope_for(path) != routes.OPEN:
+        statuses |= {401, 429, 503}
+    if method in BODY_METHODS and routes.is_management(path):
+        statuses.add(415)
+    return statuses
+
+
+def _add_layer_errors(path: str, method: str, op: dict) -> None:
+    responses = op["responses"]
+    for status in _layer_errors(path, method):
+        responses.setdefault(str(status), {"$ref": f"#/components/responses/{_ERRORS[status][0]}"})
+    op["responses"] = dict(sorted(responses.items()))
 
 
 def _preflight(operation_id: str) -> dict:
@@ -820,7 +910,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                     "in": "path",
                     "required": True,
                     "description": "May contain '/'.",
-                    "schema": {"type": "string", "minLength": 1},
+                    "schema": {"type": "string", "minLength": 1, "maxLength": NAME_MAX},
                 }
             ],
             "delete": _operation(
@@ -883,7 +973,11 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                         "blob": {"type": "string", "description": "blob_b64 of an export"},
                         "tokens": {
                             "type": "array",
-                            "items": {"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1},
+                            "items": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "maximum": TOKEN_ID_LIMIT - 1,
+                            },
                         },
                     },
                     ("blob", "tokens"),
@@ -949,7 +1043,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                         {"type": "integer", "minimum": 1, "maximum": ESTIMATE_MAX},
                         required=True,
                     ),
-                    _query("name", STRING, description='Unknown: model is "".'),
+                    _query("name", _MODEL_NAME, description='Unknown: model is "".'),
                     _query(
                         "blob_bytes", {"type": "integer", "minimum": 1, "maximum": ESTIMATE_MAX}
                     ),
@@ -1023,13 +1117,15 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                 tag="operator",
             )
         }
-    for item in paths.values():
+    for path, item in paths.items():
+        for method, op in item.items():
+            if method in METHODS:
+                _add_layer_errors(path, method, op)
         first = next(op for method, op in item.items() if method in METHODS)
         item["options"] = _preflight(first["operationId"])
     return paths
 
 
-@functools.cache
 def _document(debug_routes: bool) -> dict:
     return {
         "openapi": OPENAPI_VERSION,
@@ -1053,7 +1149,7 @@ def _document(debug_routes: bool) -> dict:
         ],
         "paths": _paths(debug_routes),
         "components": {
-            "schemas": _SCHEMAS,
+            "schemas": {**_SCHEMAS, "ChatCompletionRequest": _chat_request()},
             "responses": _responses_components(),
             "securitySchemes": {
                 "bearer": {

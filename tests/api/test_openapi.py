@@ -170,17 +170,28 @@ def test_every_path_documents_the_preflight(http):
 
 
 def test_every_operation_documents_its_errors():
+    """Its own, and what the ASGI layers answer before any view: 403 (Host, Origin) and
+    413 everywhere; 401/429/503 from the key check on keyed routes; 415 for a non-JSON
+    body to a management route. Every error response is the Error schema."""
+    from pantheon_site import routes
+
     doc = openapi.document()
     for path, item in doc["paths"].items():
         for method, op in item.items():
             if method not in openapi.METHODS or method == "options":
                 continue
             codes = set(op["responses"])
-            assert {"200", "413", "500"} <= codes, (method, path)
-            if op["x-pantheon-scope"] != "open":
-                assert {"401", "403"} <= codes, (method, path)
+            assert {"200", "403", "413", "500"} <= codes, (method, path)
+            keyed = op["x-pantheon-scope"] != routes.OPEN
+            assert op["x-pantheon-scope"] == routes.scope_for(path)
+            if keyed:
+                assert {"401", "429", "503"} <= codes, (method, path)
                 assert {"bearer": [op["x-pantheon-scope"]]} in op["security"]
                 assert {} in op["security"], "keys are optional"
+            else:
+                assert op["security"] == [] and "401" not in codes, (method, path)
+            body_method = method in ("post", "put", "patch", "delete")
+            assert ("415" in codes) == (body_method and routes.is_management(path)), path
             if "requestBody" in op or any(p["in"] == "query" for p in op.get("parameters", [])):
                 assert "400" in codes, (method, path)
             for code, response in op["responses"].items():
@@ -188,3 +199,11 @@ def test_every_operation_documents_its_errors():
                     name = response["$ref"].rsplit("/", 1)[1]
                     schema = doc["components"]["responses"][name]["content"]["application/json"]
                     assert schema["schema"] == {"$ref": "#/components/schemas/Error"}
+
+
+def test_request_bounds_follow_the_settings(settings):
+    settings.PANTHEON_MAX_MESSAGES = 7
+    settings.PANTHEON_MAX_TOOLS = 3
+    chat = openapi.document()["components"]["schemas"]["ChatCompletionRequest"]
+    assert chat["properties"]["messages"]["maxItems"] == 7
+    assert chat["properties"]["tools"]["anyOf"][0]["maxItems"] == 3

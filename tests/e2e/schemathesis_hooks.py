@@ -1,0 +1,36 @@
+"""Schemathesis hooks for tests/e2e/test_schemathesis.py (loaded with SCHEMATHESIS_HOOKS).
+
+- Fuzzed completions must stay short on a CI machine's CPU: every well-typed `max_tokens`
+  (or an absent one, whose default is 1024) is bounded to MAX_TOKENS. Everything else in
+  the body, wrong types included, goes to the server as generated.
+- Each response's status is tallied (one `METHOD PATH STATUS` line per call) into the file
+  PANTHEON_FUZZ_TALLY names, so the test can say how many cases each route got.
+"""
+
+from __future__ import annotations
+
+import os
+
+import schemathesis
+
+CHAT_PATH = "/v1/chat/completions"
+MAX_TOKENS = 4
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    if case.operation.path != CHAT_PATH or not isinstance(case.body, dict):
+        return
+    value = case.body.get("max_tokens")
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        case.body["max_tokens"] = max(1, min(MAX_TOKENS, value or MAX_TOKENS))
+
+
+@schemathesis.hook
+def after_call(context, case, response):
+    tally = os.environ.get("PANTHEON_FUZZ_TALLY")
+    if tally:
+        with open(tally, "a") as f:
+            f.write(
+                f"{case.operation.method.upper()} {case.operation.path} {response.status_code}\n"
+            )
