@@ -918,7 +918,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                 "deleteAlias",
                 "Delete an alias",
                 _ok(_object({"deleted": STRING}, ("deleted",))),
-                (404,),
+                (400, 404),
                 tag="operator",
             ),
         },
