@@ -1131,7 +1131,7 @@ def _document(debug_routes: bool) -> dict:
         "openapi": OPENAPI_VERSION,
         "info": {
             "title": "Pantheon",
-            "version": "0.1.0",
+            "version": _version(),
             "description": "OpenAI-compatible inference server. Every error has the shape "
             '{"error": {"message", "type", "code": null}}; a method a path does not list '
             "is 405 method_not_allowed (with Allow), an unknown path 404 not_found. API "
@@ -1161,6 +1161,15 @@ def _document(debug_routes: bool) -> dict:
             },
         },
     }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pantheon")
+    except PackageNotFoundError:  # run from a checkout that was never pip-installed
+        return "0+unknown"
 
 
 def document() -> dict:

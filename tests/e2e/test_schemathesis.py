@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import SMOLLM2_NAME
 from tests.e2e.daphne_server import REPO_ROOT, running_server
@@ -93,6 +94,7 @@ def _option_each(option: str, values) -> list[str]:
     return [arg for value in values for arg in (option, value)]
 
 
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 300)  # two runs plus the server's start
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(tmp_path, smollm2_path):
     data = tmp_path / "data"
     data.mkdir()
