@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(900)
 def sdk(tmp_path_factory, smollm2_path):
     openai = pytest.importorskip("openai")
     with running_server(tmp_path_factory.mktemp("pantheon-tools"), {MODEL: smollm2_path}) as srv:
-        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
 
 
 def validate(name: str, arguments: str) -> None:
