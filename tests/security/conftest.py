@@ -14,7 +14,7 @@ from tests.tiny_gguf import write_tiny_llama
 
 @pytest.fixture(autouse=True)
 def fresh_key_cache():
-    """"Is any console key configured?" is cached; a test database's rollback or flush
+    """Whether any console key is configured is cached; a test database's rollback or flush
     sends no signal, so every test starts (and ends) with nothing cached."""
     from access import keys
 
