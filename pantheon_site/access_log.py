@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import time
+from datetime import UTC, datetime
 
 from inference.request_log import SCOPE_KEY
 
@@ -73,6 +74,8 @@ def _line(scope: dict, noted: dict, state: dict, failed: bool, seconds: float) -
         status = 500
     method = scope.get("method", "")
     line = {
+        # When the response ended, UTC to the millisecond (the line is written then).
+        "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "method": method if _METHOD.fullmatch(method) else "other",
         "route": route_of(scope.get("path", "")),
         "status": status,

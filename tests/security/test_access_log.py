@@ -17,7 +17,7 @@ from tests.security.asgi_raw import HOST, request, stack_app
 pytestmark = [pytest.mark.anyio, pytest.mark.django_db(transaction=True)]
 
 PROMPT = "Tell me about the secret garden of Zanzibar-7731."
-FIELDS = {"method", "route", "status", "bytes", "duration_ms"}
+FIELDS = {"ts", "method", "route", "status", "bytes", "duration_ms"}
 
 
 @pytest.fixture
