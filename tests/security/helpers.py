@@ -118,13 +118,15 @@ def bearer(key: str) -> dict[str, str]:
 
 async def make_key(name: str, scopes: list[str], **fields) -> str:
     """console_key() from async code (database access runs in a thread)."""
+    return await in_db(console_key, name, scopes, **fields)
+
+
+async def in_db(fn, *args, **kwargs):
+    """fn(*args) in a thread (the ORM refuses to run on the event loop): one of the test's
+    own event loop, which ends with it. Not asgiref's shared sync thread: the test
+    database is in-memory SQLite, whose connections Django never closes, and one left in
+    that thread trips pytest-django's blocker in a later test without database access
+    (Channels' consumers "close old connections" there)."""
     from asgiref.sync import sync_to_async
 
-    return await sync_to_async(console_key)(name, scopes, **fields)
-
-
-async def in_db(fn, *args):
-    """fn(*args) in a thread (the ORM refuses to run on the event loop)."""
-    from asgiref.sync import sync_to_async
-
-    return await sync_to_async(fn)(*args)
+    return await sync_to_async(fn, thread_sensitive=False)(*args, **kwargs)
