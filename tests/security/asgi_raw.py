@@ -37,16 +37,20 @@ class Raw:
         return json.loads(self.body)
 
     def error(self, status: int, type_: str) -> str:
-        """The message, after checking the status and the error shape."""
+        """The message, after checking the status and the contract's error shape."""
         assert self.status == status, (self.status, self.body[:500])
         body = self.json()
         assert set(body) == {"error"}, body
-        assert set(body["error"]) >= {"message", "type", "code"}, body
-        assert body["error"]["type"] == type_, body
-        assert "Traceback" not in body["error"]["message"]
+        error = body["error"]
+        assert set(error) >= {"message", "type", "code"}, body
+        assert error["type"] == type_ and error["code"] is None and error["message"], body
+        assert "Traceback" not in error["message"]
         assert self.headers["access-control-allow-origin"] == "*"
         assert self.headers["content-type"] == "application/json"
-        return body["error"]["message"]
+        return error["message"]
+
+
+DEFAULT_SERVER = ("127.0.0.1", 8000)
 
 
 async def request(
@@ -57,24 +61,39 @@ async def request(
     *,
     chunks: list[bytes] | None = None,
     content_length: int | str | None | bool = True,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str | None] | None = None,
     query: str = "",
+    server=DEFAULT_SERVER,
     timeout: float = 60,
 ) -> Raw:
-    """One request. `body` (a dict/list is JSON-encoded) or `chunks` (sent as separate
-    http.request messages); `content_length` True declares the real length, False none
-    (chunked), a number or a string declares that."""
+    """One request as Daphne hands it over. `body` (a dict/list is JSON-encoded) or
+    `chunks` (sent as separate http.request messages); `content_length` True declares the
+    real length, False none (chunked), a number or a string declares that. Host is
+    127.0.0.1:8000 and a body is declared application/json unless `headers` says
+    otherwise (None drops one of those two); any other header is added, so a name may be
+    sent twice."""
     if isinstance(body, dict | list):
         body = json.dumps(body).encode()
+    defaults = {"host": HOST}
+    if body is not None or chunks is not None:
+        defaults["content-type"] = "application/json"
+    added = []
+    for name, value in (headers or {}).items():
+        name = name.lower()
+        if name in ("host", "content-type"):
+            defaults.pop(name, None)
+            if value is not None:
+                defaults[name] = value
+        elif value is not None:
+            added.append((name, value))
     if chunks is None:
         chunks = [body or b""]
-    sent = [("host", HOST), ("content-type", "application/json")]
+    sent = list(defaults.items())
     if content_length is True:
         sent.append(("content-length", str(sum(map(len, chunks)))))
     elif content_length is not False and content_length is not None:
         sent.append(("content-length", str(content_length)))
-    for name, value in (headers or {}).items():
-        sent.append((name.lower(), value))
+    sent += added
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -87,7 +106,7 @@ async def request(
         "root_path": "",
         "headers": [(k.encode(), v.encode()) for k, v in sent],
         "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
+        "server": server,
     }
     raw = Raw()
     parts: list[bytes] = []

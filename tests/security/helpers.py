@@ -3,34 +3,15 @@ any Host, Origin or key, the refusal shape, console keys made as the console mak
 
 from __future__ import annotations
 
-import asyncio
-import json
-from dataclasses import dataclass, field
+from tests.security.asgi_raw import HOST as HOST  # re-exported for the access tests
+from tests.security.asgi_raw import Raw, request
 
 LOOPBACK = ("127.0.0.1", 8000)
-HOST = "127.0.0.1:8000"
 CLIENT_KEY = "client-secret-key"
 ADMIN_KEY = "admin-secret-key"
 
 
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-
-    def json(self):
-        return json.loads(self.body)
-
-    def error(self, status: int, type_: str) -> str:
-        """The message, after checking the status and the contract's error shape."""
-        assert self.status == status, (self.status, self.body)
-        error = self.json()["error"]
-        assert set(self.json()) == {"error"}
-        assert error["type"] == type_ and error["code"] is None and error["message"], error
-        assert self.headers["access-control-allow-origin"] == "*"
-        assert self.headers["content-type"] == "application/json"
-        return error["message"]
+Reply = Raw  # the access tests' name for a raw reply
 
 
 async def call(
@@ -39,61 +20,14 @@ async def call(
     path: str,
     *,
     body: bytes | dict | None = None,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str | None] | None = None,
     server=LOOPBACK,
     timeout: float = 60,
-) -> Reply:
-    """One request through `app` as Daphne hands it over; `headers` replace the defaults
-    (Host 127.0.0.1:8000, and Content-Type application/json for a dict body)."""
-    if isinstance(body, dict):
-        body = json.dumps(body).encode()
-    sent = {"host": HOST}
-    if body is not None:
-        sent["content-type"] = "application/json"
-    for name, value in (headers or {}).items():
-        if value is None:
-            sent.pop(name.lower(), None)
-        else:
-            sent[name.lower()] = value
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(k.encode(), v.encode()) for k, v in sent.items()],
-        "client": ("127.0.0.1", 50000),
-        "server": server,
-    }
-    reply = Reply(0)
-    chunks = []
-    delivered = False
-    done = asyncio.Event()
-
-    async def receive():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body or b"", "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        if message["type"] == "http.response.start":
-            reply.status = message["status"]
-            reply.headers = {k.decode().lower(): v.decode() for k, v in message["headers"]}
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                done.set()
-
-    await asyncio.wait_for(app(scope, receive, send), timeout)
-    reply.body = b"".join(chunks)
-    return reply
+) -> Raw:
+    """One request through `app` as Daphne hands it over (tests.security.asgi_raw);
+    `headers` replace the defaults (Host 127.0.0.1:8000, and Content-Type
+    application/json for a body; None drops one)."""
+    return await request(app, method, path, body, headers=headers, server=server, timeout=timeout)
 
 
 def console_key(name: str, scopes: list[str], **fields) -> str:
