@@ -27,7 +27,6 @@ label (never the key) is put in scope["pantheon.key"] in place, for the access l
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 from urllib.parse import urlsplit
 
@@ -282,15 +281,6 @@ def check_content_type(scope) -> None:
 
 async def refuse(send, refusal: Refusal) -> None:
     """The contract's error shape, with its CORS and Connection headers."""
-    from inference.errors import error_body
+    from inference.errors import send_asgi_error
 
-    body = json.dumps(error_body(refusal.message, refusal.type), separators=(",", ":")).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"access-control-allow-origin", b"*"),
-        (b"connection", b"close"),
-        *refusal.headers,
-    ]
-    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_asgi_error(send, refusal.status, refusal.message, refusal.type, refusal.headers)

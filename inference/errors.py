@@ -7,6 +7,7 @@ so no route can answer with HTML or a traceback.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from django.core.exceptions import SuspiciousOperation
@@ -66,6 +67,28 @@ def json_response(body: dict, status: int = 200, headers: dict[str, str] | None 
 
 def error_body(message: str, type: str, **extra: object) -> dict:
     return {"error": {"message": message, "type": type, "code": None, **extra}}
+
+
+async def send_asgi_error(send, status: int, message: str, type: str, headers=()) -> None:
+    """The error shape straight from an ASGI layer (the access guard, the body limit),
+    before any view: with the CORS header every response carries, and Connection: close
+    (the client may still be sending a body nobody will read). `headers`: extra
+    (name, value) byte pairs."""
+    body = json.dumps(error_body(message, type), separators=(",", ":")).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"access-control-allow-origin", b"*"),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def invalid_request(message: str) -> ApiError:

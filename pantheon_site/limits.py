@@ -16,9 +16,9 @@ being parsed, not from being uploaded.)
 
 from __future__ import annotations
 
-import json
 import re
 
+from inference.errors import send_asgi_error as send_error
 from pantheon_site import routes
 
 _LENGTH = re.compile(rb"[ \t]*([0-9]+)[ \t]*")
@@ -85,25 +85,3 @@ def too_large(path: str, limit: int) -> str:
     if path == routes.RESTORE_PATH and limit > routes.LARGE_BODY_BYTES:
         where = "/session/restore (a full context window of the largest served model)"
     return f"request body is over {size}, the limit of {where}"
-
-
-async def send_error(send, status: int, message: str, type_: str, headers=()) -> None:
-    """An error answer in the contract's shape, straight from an ASGI layer; the connection
-    is closed after it (the client may still be sending a body we will not read)."""
-    body = json.dumps(
-        {"error": {"message": message, "type": type_, "code": None}}, separators=(",", ":")
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"access-control-allow-origin", b"*"),
-                (b"connection", b"close"),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -13,13 +13,11 @@ INFERENCE, SESSIONS, SESSION_EXPORT, ADMIN = "inference", "sessions", "session_e
 SCOPES = (INFERENCE, SESSIONS, SESSION_EXPORT, ADMIN)
 OPEN = "open"  # no key needed
 
-SESSION_PATHS = frozenset(
-    {"/session/restore", "/session/release", "/session/watch", "/session/estimate"}
-)
-EXPORT_PATH = "/admin/session/export"
 RESTORE_PATH = "/session/restore"
+SESSION_PATHS = frozenset({RESTORE_PATH, "/session/release", "/session/watch", "/session/estimate"})
+EXPORT_PATH = "/admin/session/export"
 # Bodies that may be large: a chat (long prompts, images later) and a restore (a KV blob).
-LARGE_BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/session/restore"})
+LARGE_BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", RESTORE_PATH})
 
 MIB = 1024 * 1024
 LARGE_BODY_BYTES = 64 * MIB
