@@ -7,6 +7,8 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
+from tests.support import asgi_scope
+
 HOST = "127.0.0.1:8000"
 
 
@@ -95,17 +97,9 @@ async def request(
         sent.append(("content-length", str(content_length)))
     sent += added
     scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
+        **asgi_scope(method, path),
         "query_string": query.encode(),
-        "root_path": "",
         "headers": [(k.encode(), v.encode()) for k, v in sent],
-        "client": ("127.0.0.1", 50000),
         "server": server,
     }
     raw = Raw()
