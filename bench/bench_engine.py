@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference.engine.service import ModelService  # noqa: E402
+from inference.engine.serving.service import ModelService  # noqa: E402
 from inference.engine.types import GenerationRequest, ModelConfig, SamplingParams  # noqa: E402
 
 PEER = {"prefill_tok_s": 190.0, "decode_tok_s": 80.0}

@@ -35,7 +35,7 @@ from inference.engine.types import ModelConfig
 from inference.model_files import ModelFileInfo, allowed_model_path, is_file, model_file_info
 
 if TYPE_CHECKING:
-    from inference.engine.service import ModelService
+    from inference.engine.serving.service import ModelService
 
 log = logging.getLogger("pantheon.runtime")
 
@@ -415,8 +415,8 @@ class Runtime:
                 log.exception("a load hook failed for model %s (the model is loaded)", name)
 
     def _open(self, spec: LoadSpec) -> ModelService:
-        from inference.engine.gguf_file import ModelFileNotFound
-        from inference.engine.service import ModelService
+        from inference.engine.loading.gguf_file import ModelFileNotFound
+        from inference.engine.serving.service import ModelService
         from inference.engine.types import ModelLoadError
 
         log.info("loading model %s from %s", spec.name, spec.path)
@@ -754,7 +754,7 @@ def resolve_chat_template(value: str) -> str:
     ("{%" or "{{" in it), else the file it names inside the model folders. "" stays "".
     Raises PathNotAllowed, NotFound, or InvalidOption (unreadable, too big, or a template
     that does not compile)."""
-    from inference.engine.chat_template import ChatTemplate, ChatTemplateError
+    from inference.engine.text.chat_template import ChatTemplate, ChatTemplateError
 
     if not value:
         return ""

@@ -21,10 +21,10 @@ from rest_framework.views import APIView
 
 import kernels
 from inference import shutdown
-from inference.engine.chat_template import ChatTemplateError
-from inference.engine.constraints import plan_response_format
-from inference.engine.tool_dialects import CallOpened, parse_tools
-from inference.engine.tool_prompt import call_plan
+from inference.engine.decoding.constraints import plan_response_format
+from inference.engine.text.chat_template import ChatTemplateError
+from inference.engine.tools.dialects import CallOpened, parse_tools
+from inference.engine.tools.prompt import call_plan
 from inference.engine.types import (
     ContextOverBudget,
     FinishEvent,

@@ -2,7 +2,7 @@
 
 Layout: DATA_DIR/sessions/<model folder>/<sha256(session id)[:24]>-<i>.pnkv, one file
 per conversation (i counts an id's conversations, least recently used first), each a
-session blob (inference.engine.session_blob) whose header names the session id: the
+session blob (inference.engine.serving.session_blob) whose header names the session id: the
 file name never reveals it. The model folder is the served name made filesystem-safe
 plus a short hash of the exact name, so two names never share a folder.
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from inference import runtime as registry
 from inference import shutdown
-from inference.engine.session_blob import SessionSnapshot, encode, read_header
+from inference.engine.serving.session_blob import SessionSnapshot, encode, read_header
 from inference.engine.types import BadSessionBlob
 from sessions import records
 

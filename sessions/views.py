@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inference import runtime as registry
-from inference.engine.service import FALLBACK_PREFILL_TOK_PER_S
+from inference.engine.serving.service import FALLBACK_PREFILL_TOK_PER_S
 from inference.engine.types import BadSessionBlob
 from inference.errors import (
     ApiError,

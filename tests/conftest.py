@@ -54,7 +54,7 @@ def gemma3_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_service(smollm2_path: Path):
     """The real SmolLM2 ModelService, loaded once per test session."""
-    from inference.engine.service import ModelService
+    from inference.engine.serving.service import ModelService
     from inference.engine.types import ModelConfig
 
     svc = ModelService.load(ModelConfig(name=SMOLLM2_NAME, path=str(smollm2_path)))

@@ -11,7 +11,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import sys
-import inference.engine.service, inference.engine.tokenizer, inference.engine.types, kernels
+import inference.engine.serving.service, inference.engine.text.tokenizer, inference.engine.types, kernels
 leaked = sorted(m for m in sys.modules if m.split(".")[0] in {"django", "rest_framework", "channels", "daphne"})
 print(",".join(leaked))
 """

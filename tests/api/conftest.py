@@ -38,8 +38,8 @@ def asgi_app():
 def thinker(served, smollm2_service):
     """SmolLM2's weights behind a think-style chat template (a second service over the
     same arrays)."""
-    from inference.engine.chat_template import ChatTemplate
-    from inference.engine.service import ModelService
+    from inference.engine.serving.service import ModelService
+    from inference.engine.text.chat_template import ChatTemplate
 
     svc = ModelService(
         replace(smollm2_service.config, name="thinker"),
@@ -58,8 +58,8 @@ def thinker(served, smollm2_service):
 def minicpm_like(served, smollm2_service):
     """SmolLM2's weights behind its own template with `{{ bos_token }}` in front: a llama
     model whose template adds BOS, which the contract serves in the MiniCPM XML dialect."""
-    from inference.engine.chat_template import ChatTemplate
-    from inference.engine.service import ModelService
+    from inference.engine.serving.service import ModelService
+    from inference.engine.text.chat_template import ChatTemplate
 
     base = smollm2_service.template
     svc = ModelService(

@@ -161,7 +161,7 @@ async def test_no_models_loaded_says_it_is_still_loading(post_chat, empty_runtim
 
 async def test_one_loaded_model_serves_any_model_name(post_chat, served, monkeypatch):
     # Proven without generating: the request reaches the model's chat template.
-    from inference.engine.chat_template import ChatTemplateError
+    from inference.engine.text.chat_template import ChatTemplateError
 
     svc = next(iter(served.services().values()))
     seen = []
@@ -219,7 +219,7 @@ async def test_an_unexpected_failure_is_500_without_a_traceback(post_chat, serve
 
 
 async def test_a_template_refusal_is_400(post_chat, served, monkeypatch):
-    from inference.engine.chat_template import ChatTemplateError
+    from inference.engine.text.chat_template import ChatTemplateError
 
     svc = next(iter(served.services().values()))
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from inference.engine import session_blob
+from inference.engine.serving import session_blob
 from sessions import consumers
 from sessions.consumers import SessionWatchConsumer
 from tests.api.helpers import CHAT, AsgiCall

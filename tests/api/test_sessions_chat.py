@@ -136,7 +136,7 @@ async def test_two_conversations_under_one_id_each_keep_their_cache(post_chat, s
 
 
 async def test_conversations_displacing_each_other_report_a_conflict(post_chat, served):
-    from inference.engine.sessions import MAX_CONVERSATIONS
+    from inference.engine.serving.sessions import MAX_CONVERSATIONS
 
     replies = []
     assert MAX_CONVERSATIONS == 4

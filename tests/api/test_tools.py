@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from inference.engine.tool_dialects import MINICPM_XML, parse_tools
+from inference.engine.tools.dialects import MINICPM_XML, parse_tools
 from tests.api.helpers import read_stream
 
 pytestmark = pytest.mark.anyio

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from inference.engine.gguf_file import GGUFFile
+from inference.engine.loading.gguf_file import GGUFFile
 from inference.engine.models import architecture_module, supported_architectures
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.text.tokenizer import Tokenizer
 
 MARGIN_FLOOR = 0.01
 

@@ -257,7 +257,7 @@ def test_an_architecture_without_a_batched_pass_is_served_row_by_row():
     path = Path(__file__).resolve().parents[1] / "reference" / "tiny" / "tiny-qwen2.gguf"
     if not path.is_file():
         pytest.skip("tests/reference/tiny/tiny-qwen2.gguf is not in this checkout")
-    from inference.engine.service import ModelService
+    from inference.engine.serving.service import ModelService
 
     svc = ModelService.load(ModelConfig(name="qwen", path=str(path), max_concurrent=4))
     assert not hasattr(svc.model, "forward_decode")

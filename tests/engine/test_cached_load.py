@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from inference.engine.service import ModelService
+from inference.engine.serving.service import ModelService
 from inference.engine.types import GenerationRequest, ModelConfig, SamplingParams, TokenEvent
 from tests.tiny_gguf import write_tiny_llama
 
@@ -78,8 +78,8 @@ def test_other_bytes_get_their_own_cache_entry(tmp_path):
 
 
 def test_peeking_at_a_loaded_file_uses_the_cached_header(tmp_path, monkeypatch):
-    from inference.engine import gguf_file
-    from inference.engine.service import peek_gguf
+    from inference.engine.loading import gguf_file
+    from inference.engine.serving.service import peek_gguf
 
     path = write_tiny_llama(tmp_path / "m.gguf")
     cache_dir = tmp_path / "cache"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from inference.engine.chat_template import (
+from inference.engine.text.chat_template import (
     CHATML_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,

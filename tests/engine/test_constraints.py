@@ -10,7 +10,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from inference.engine.constraints import (
+from inference.engine.decoding.constraints import (
     Constraint,
     ConstraintPlan,
     GrammarTokenizer,
@@ -18,7 +18,7 @@ from inference.engine.constraints import (
     plan_response_format,
     validate_output,
 )
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.text.tokenizer import Tokenizer
 
 PERSON = {
     "type": "object",

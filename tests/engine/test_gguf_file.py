@@ -8,8 +8,8 @@ import gguf
 import numpy as np
 import pytest
 
-from inference.engine.gguf_file import GGUFFile, ModelFileNotFound, NotAGGUFFile
-from inference.engine.service import ModelService
+from inference.engine.loading.gguf_file import GGUFFile, ModelFileNotFound, NotAGGUFFile
+from inference.engine.serving.service import ModelService
 from inference.engine.types import ModelConfig, ModelLoadError
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from inference.engine.kv_cache import KVCache
+from kernels.kv_cache import KVCache
 
 TOP5_ATOL = 1e-2
 MARGIN_FLOOR = 0.01  # below this top-1/top-2 margin, float32 rounding may pick either token

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.engine.kv_cache import KVCache
-from inference.engine.memory import CRITICAL, MemoryLadder
+from inference.engine.serving.memory import CRITICAL, MemoryLadder
+from kernels.kv_cache import KVCache
 
 GiB = 1 << 30
 

@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from inference.engine.gguf_file import GGUFFile
+from inference.engine.loading.gguf_file import GGUFFile
 from inference.engine.models import architecture_module
 from tests.tiny_gguf import random_blocks, write_tiny_llama
 

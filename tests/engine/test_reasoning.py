@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from inference.engine.chat_template import CHATML_TEMPLATE, ChatTemplate
-from inference.engine.reasoning import (
+from inference.engine.decoding.reasoning import (
     THINK_CLOSE,
     THINK_OPEN,
     ReasoningBudget,
@@ -17,6 +16,7 @@ from inference.engine.reasoning import (
     is_think_template,
     thinking_prompt_suffix,
 )
+from inference.engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 
 # --- the prompt suffix ------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.engine.repetition import MIN_SPAN, LoopDetector
+from inference.engine.decoding.repetition import MIN_SPAN, LoopDetector
 
 
 def first_fire(tokens) -> int | None:

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from inference.engine.sampler import (
+from inference.engine.decoding.sampler import (
     MAX_TOP_LOGPROBS,
     Sample,
     Sampler,
@@ -451,7 +451,7 @@ def test_a_batch_with_an_empty_mask_raises_before_any_rng_moves():
 
 
 def test_a_forced_token_reports_its_logprob_under_the_sampling_distribution():
-    from inference.engine.sampler import forced_sample
+    from inference.engine.decoding.sampler import forced_sample
 
     logits = np.array([2.0, 1.0, 0.5, -1.0])
     params = SamplingParams(temperature=0.5, logprobs=True, top_logprobs=2, logit_bias=((1, 3.0),))

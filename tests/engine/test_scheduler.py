@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.engine.scheduler import (
+from inference.engine.serving.scheduler import (
     FINISH_LENGTH,
     FINISH_STOP,
     REFUSED_MEMORY,

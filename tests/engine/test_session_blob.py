@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.engine.session_blob import (
+from inference.engine.serving.session_blob import (
     FORMAT_VERSION,
     MAGIC,
     KVLayout,
@@ -446,7 +446,7 @@ def test_encode_refuses_an_inconsistent_snapshot(change, needle):
 
 def test_the_module_stands_alone_without_django():
     probe = (
-        "import sys, inference.engine.session_blob\n"
+        "import sys, inference.engine.serving.session_blob\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] == 'django')))"
     )
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}

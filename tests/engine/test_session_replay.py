@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from inference.engine.chat_template import ChatTemplate
+from inference.engine.text.chat_template import ChatTemplate
 
 THINK_AND_TOOLS_TEMPLATE = """
 {%- for m in messages -%}

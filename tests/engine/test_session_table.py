@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.engine.sessions import (
+from inference.engine.serving.sessions import (
     MAX_CONVERSATIONS,
     Conversation,
     Resume,

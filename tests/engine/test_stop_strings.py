@@ -1,4 +1,4 @@
-from inference.engine.stop_strings import StopStringBuffer
+from inference.engine.decoding.stop_strings import StopStringBuffer
 
 
 def feed(stops, pieces):

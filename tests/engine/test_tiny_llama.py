@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from inference.engine.service import ModelService
+from inference.engine.serving.service import ModelService
 from inference.engine.types import (
     FinishEvent,
     GenerationFailed,

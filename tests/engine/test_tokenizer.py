@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from inference.engine.tokenizer import Tokenizer, bytes_to_unicode
+from inference.engine.text.tokenizer import Tokenizer, bytes_to_unicode
 
 MULTIBYTE = [
     "emoji 😀🎉👍🏽 and 🇫🇷 flags",

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from inference.engine.tool_dialects import (
+from inference.engine.tools.dialects import (
     JSON_DIALECT,
     MINICPM_XML,
     QWEN_XML,

@@ -11,9 +11,9 @@ import llguidance
 import numpy as np
 import pytest
 
-from inference.engine.constraints import Constraint, GrammarTokenizer
-from inference.engine.tokenizer import Tokenizer
-from inference.engine.tool_grammar import tool_call_plan
+from inference.engine.decoding.constraints import Constraint, GrammarTokenizer
+from inference.engine.text.tokenizer import Tokenizer
+from inference.engine.tools.grammar import tool_call_plan
 
 
 def tool(name: str, properties: dict, required: list[str]) -> dict:
@@ -413,7 +413,7 @@ def test_the_optional_grammar_allows_plain_text_or_text_then_one_valid_call(
 
 
 def test_minicpm_tags_spell_the_names_as_attributes(gtok, pieces):
-    from inference.engine.tool_dialects import MINICPM_TAGS
+    from inference.engine.tools.dialects import MINICPM_TAGS
 
     plan = tool_call_plan(TOOLS, tags=MINICPM_TAGS)
     c = Constraint(plan, gtok)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from inference.engine.weight_cache import WeightCache
+from inference.engine.loading.weight_cache import WeightCache
 
 A = np.arange(12, dtype=np.float32).reshape(3, 4)
 B = np.ones(5, dtype=np.float32)

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from inference.engine.weight_cache import WeightCache
+from inference.engine.loading.weight_cache import WeightCache
 
 A = np.arange(12, dtype=np.float32).reshape(3, 4)
 KEY = "v1-llama-L1"

@@ -104,7 +104,7 @@ def test_a_non_string_template_is_400(api, rt, model_dir):
 
 
 def test_the_engine_refuses_a_template_that_does_not_compile(model_dir):
-    from inference.engine.service import ModelService
+    from inference.engine.serving.service import ModelService
     from inference.engine.types import ModelConfig as EngineConfig
     from inference.engine.types import ModelLoadError
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from inference import shutdown
-from inference.engine import session_blob
+from inference.engine.serving import session_blob
 from inference.engine.types import GenerationRequest, SamplingParams, TokenEvent
 from inference.runtime import LoadSpec
 from sessions import persistence, records

@@ -7,11 +7,11 @@ from collections.abc import Callable
 import numpy as np
 
 from kernels import numpy_backend as ops
+from kernels.kv_cache import KVCache
 
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
+from ..loading.gguf_file import GGUFFile
+from ..loading.weight_cache import WeightCache
 from ..types import ModelLoadError
-from ..weight_cache import WeightCache
 
 
 class DecoderWeights:

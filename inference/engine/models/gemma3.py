@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels import numpy_backend as ops
+from kernels.kv_cache import KVCache
 
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
-from ..weight_cache import WeightCache
+from ..loading.gguf_file import GGUFFile
+from ..loading.weight_cache import WeightCache
 from ._common import DecoderWeights, TensorSource, attend
 
 SWA_PATTERN = 6  # layer i is global when (i + 1) % 6 == 0, as llama.cpp sets for gemma3

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kernels import numpy_backend as ops
+from kernels.kv_cache import KVCache
 
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
+from ..loading.gguf_file import GGUFFile
+from ..loading.weight_cache import WeightCache
 from ..types import ModelLoadError
-from ..weight_cache import WeightCache
 from ._common import DecoderWeights, TensorSource
 
 log = logging.getLogger("pantheon.engine.llama")

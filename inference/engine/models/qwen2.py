@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels import numpy_backend as ops
+from kernels.kv_cache import KVCache
 
-from ..gguf_file import GGUFFile
-from ..kv_cache import KVCache
-from ..weight_cache import WeightCache
+from ..loading.gguf_file import GGUFFile
+from ..loading.weight_cache import WeightCache
 from ._common import DecoderWeights, TensorSource, attend
 from .llama import HParams
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from .constraints import plan_response_format
-from .tool_dialects import Dialect, ToolSpec, parse_tools
-from .tool_grammar import tool_call_plan
+from ..decoding.constraints import plan_response_format
+from .dialects import Dialect, ToolSpec, parse_tools
+from .grammar import tool_call_plan
 
 
 def with_tools(messages: list[dict], tools: list[ToolSpec], dialect: Dialect) -> list[dict]:

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .types import BadSessionBlob, WeightsVersionMismatch
+from ..types import BadSessionBlob, WeightsVersionMismatch
 
 MAGIC = b"PNKVBLOB"
 FORMAT_VERSION = 1

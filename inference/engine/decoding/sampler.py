@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .types import SamplingParams
+from ..types import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 _FMAX = float(np.finfo(np.float64).max)

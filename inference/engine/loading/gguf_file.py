@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.quants import dequantize
 
-from .types import ModelLoadError
+from ..types import ModelLoadError
 
 log = logging.getLogger("pantheon.engine.gguf")
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .types import SessionBusy, SessionCapacity, SessionNotFound, WatchUnavailable
+from ..types import SessionBusy, SessionCapacity, SessionNotFound, WatchUnavailable
 
 MAX_CONVERSATIONS = 4
 

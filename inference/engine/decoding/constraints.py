@@ -22,7 +22,7 @@ import referencing
 import referencing.exceptions
 from jsonschema.exceptions import best_match
 
-from inference.engine.tokenizer import TOKEN_CONTROL
+from inference.engine.text.tokenizer import TOKEN_CONTROL
 
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -213,7 +213,7 @@ class GrammarTokenizer:
 
     @classmethod
     def for_tokenizer(cls, tok: Any) -> GrammarTokenizer:
-        """The GrammarTokenizer of an `inference.engine.tokenizer.Tokenizer`, cached on it."""
+        """The GrammarTokenizer of an `inference.engine.text.tokenizer.Tokenizer`, cached on it."""
         cached = getattr(tok, _GRAMMAR_TOKENIZER_ATTR, None)
         if cached is not None:
             return cached

@@ -20,34 +20,19 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .chat_template import ChatTemplate, ChatTemplateError, normalize_messages
-from .constraints import Constraint, GrammarTokenizer
-from .decoding import DecodeState
-from .gguf_file import GGUFFile, file_weights_version
-from .memory import CRITICAL, MemoryLadder, device_memory, host_memory
-from .models import WEIGHT_LAYOUT_VERSION, architecture_module
-from .output import ChoiceOutput
-from .reasoning import is_think_template, thinking_prompt_suffix
-from .runner import Runner
-from .sampler import Sampler
-from .scheduler import (
-    REFUSED_MEMORY,
-    Batch,
-    Finished,
-    QueueFull,
-    Refused,
-    Sampled,
-    Scheduler,
-    Started,
-)
-from .session_blob import KVLayout, SessionSnapshot
-from .session_blob import decode as decode_blob
-from .session_blob import encode as encode_blob
-from .sessions import Conversation, Resume, SessionInfo, SessionTable
-from .tokenizer import Tokenizer, spm_merges_of
-from .tool_dialects import dialect_for
-from .tool_prompt import with_tools
-from .types import (
+from ..decoding.constraints import Constraint, GrammarTokenizer
+from ..decoding.output import ChoiceOutput
+from ..decoding.reasoning import is_think_template, thinking_prompt_suffix
+from ..decoding.sampler import Sampler
+from ..decoding.state import DecodeState
+from ..loading.gguf_file import GGUFFile, file_weights_version
+from ..loading.weight_cache import WeightCache
+from ..models import WEIGHT_LAYOUT_VERSION, architecture_module
+from ..text.chat_template import ChatTemplate, ChatTemplateError, normalize_messages
+from ..text.tokenizer import Tokenizer, spm_merges_of
+from ..tools.dialects import dialect_for
+from ..tools.prompt import with_tools
+from ..types import (
     MAX_CHOICES,
     BadSessionBlob,
     ContextOverBudget,
@@ -63,7 +48,22 @@ from .types import (
     TokenEvent,
     Usage,
 )
-from .weight_cache import WeightCache
+from .memory import CRITICAL, MemoryLadder, device_memory, host_memory
+from .runner import Runner
+from .scheduler import (
+    REFUSED_MEMORY,
+    Batch,
+    Finished,
+    QueueFull,
+    Refused,
+    Sampled,
+    Scheduler,
+    Started,
+)
+from .session_blob import KVLayout, SessionSnapshot
+from .session_blob import decode as decode_blob
+from .session_blob import encode as encode_blob
+from .sessions import Conversation, Resume, SessionInfo, SessionTable
 
 log = logging.getLogger("pantheon.engine.service")
 

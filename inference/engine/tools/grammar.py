@@ -31,8 +31,8 @@ from typing import Any
 
 import llguidance
 
-from inference.engine.constraints import _COMPILE_DEFAULTS, _STRICT, ConstraintPlan
-from inference.engine.tool_dialects import QWEN_TAGS, XmlTags
+from inference.engine.decoding.constraints import _COMPILE_DEFAULTS, _STRICT, ConstraintPlan
+from inference.engine.tools.dialects import QWEN_TAGS, XmlTags
 
 MAX_STRING_CHARS = 2000
 

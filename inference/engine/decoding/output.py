@@ -13,15 +13,15 @@ response_format status (the final answer is validated against the schema).
 
 from __future__ import annotations
 
+from ..text.tokenizer import Tokenizer
+from ..tools.dialects import ArgumentsDelta, CallOpened, TextDelta
+from ..types import GenerationRequest, TokenEvent, TokenLogprob
 from .constraints import validate_output
-from .decoding import DecodeState
 from .reasoning import THINK_CLOSE, ReasoningBudget, ReasoningSplitter
 from .repetition import LoopDetector
 from .sampler import Sample
+from .state import DecodeState
 from .stop_strings import StopStringBuffer
-from .tokenizer import Tokenizer
-from .tool_dialects import ArgumentsDelta, CallOpened, TextDelta
-from .types import GenerationRequest, TokenEvent, TokenLogprob
 
 FINISH_STOP = "stop"
 FINISH_REPETITION = "repetition_loop"

@@ -4,7 +4,7 @@ Each prefill chunk is its own forward pass on its sequence's slot (chunk boundar
 fixed per prompt, so a prompt is computed the same way whatever else runs); all decode
 rows go through one batched pass (`forward_decode`, batch invariant; one pass per row for
 an architecture without it). Each sequence
-chooses its token through its own DecodeState (decoding.py: forced tokens, grammar mask,
+chooses its token through its own DecodeState (decoding/state.py: forced tokens, grammar mask,
 its own sampler and RNG), so its random stream does not depend on its neighbours.
 """
 
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .decoding import DecodeState, choose_rows
-from .kv_cache import KVCache
+from kernels.kv_cache import KVCache
+
+from ..decoding.state import DecodeState, choose_rows
 from .scheduler import Batch
 
 
