@@ -63,24 +63,9 @@ class AccessGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         try:
-            check_host(scope)
-            check_origin(scope)
-            check_content_type(scope)
-            principal = await self.authenticate(scope)
+            principal = await admit(scope)
         except Refusal as refusal:
             return await refuse(send, refusal)
-        except DatabaseError:
-            # Fail closed: the console keys cannot be read (e.g. `migrate` was not run).
-            log.exception("API keys: the key table cannot be read")
-            return await refuse(
-                send,
-                Refusal(
-                    503,
-                    "key_store_unavailable",
-                    "the server cannot read its API keys from the database; the operator "
-                    "should check the database and run `manage.py migrate`",
-                ),
-            )
         if principal is None:
             return await self.app(scope, receive, send)
         scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it
@@ -106,38 +91,79 @@ class AccessGuard:
             if not self.in_flight[identity]:
                 del self.in_flight[identity]
 
-    async def authenticate(self, scope) -> keys.Principal | None:
-        """The key's Principal, or None when the request needs no key."""
-        needed = routes.scope_for(scope["path"])
-        if scope["method"] == "OPTIONS" or needed == routes.OPEN:
-            return None
-        if not keys.env_principals():
-            exist = keys.cached_console_keys_exist()
-            if exist is None:
-                exist = await _console_keys_exist()
-            if not exist:
-                return None  # no key configured: open, as the contract says
+
+NEEDS_DATABASE = object()  # check_now's verdict when only a console-key lookup can decide
+
+
+def check_now(scope) -> keys.Principal | None | object:
+    """Every check that needs no database, in the guard's order: Host, Origin,
+    Content-Type, then the key when an env key decides it. Returns the Principal, None
+    (no key needed) or NEEDS_DATABASE; raises Refusal. The Daphne hook
+    (pantheon_site/daphne_hooks.py) calls it once the headers are in, before the body is
+    read; `admit` calls it for every request."""
+    check_host(scope)
+    check_origin(scope)
+    check_content_type(scope)
+    needed = routes.scope_for(scope["path"])
+    if scope["method"] == "OPTIONS" or needed == routes.OPEN:
+        return None
+    if not keys.env_principals():
+        exist = keys.cached_console_keys_exist()
+        if exist is None:
+            return NEEDS_DATABASE
+        if not exist:
+            return None  # no key configured: open, as the contract says
+    presented = presented_keys(scope)
+    principal = keys.match_env(presented)
+    if principal is None and any(k.startswith(keys.KEY_PREFIX) for k in presented):
+        return NEEDS_DATABASE  # only the console key table can say
+    return _authorized(scope, needed, principal, presented)
+
+
+async def admit(scope) -> keys.Principal | None:
+    """check_now, then the console-key lookup when it is needed: the Principal, or None
+    when the request needs no key. Raises Refusal (a 503 when the key table cannot be
+    read: fail closed)."""
+    try:
+        verdict = check_now(scope)
+        if verdict is not NEEDS_DATABASE:
+            return verdict
+        if not keys.env_principals() and not await _console_keys_exist():
+            return None  # no key configured: open, as the contract says
         presented = presented_keys(scope)
         principal = keys.match_env(presented)
         if principal is None and presented:
             principal = await _lookup_console(presented)
-        if principal is None:
-            message = (
-                f"the API key is not valid (unknown or revoked); {KEY_HOWTO}"
-                if presented
-                else f"this route needs an API key: {KEY_HOWTO}"
-            )
-            raise Refusal(401, "invalid_api_key", message, [(b"www-authenticate", b"Bearer")])
-        if needed not in principal.scopes:
-            scope[SCOPE_KEY] = principal.label
-            raise Refusal(
-                403,
-                "insufficient_scope",
-                f"this key ({principal.label}) lacks the '{needed}' scope that "
-                f"{scope['path']} needs: use PANTHEON_ADMIN_API_KEY or a console key "
-                f"that has '{needed}'",
-            )
-        return principal
+        return _authorized(scope, routes.scope_for(scope["path"]), principal, presented)
+    except DatabaseError:
+        # Fail closed: the console keys cannot be read (e.g. `migrate` was not run).
+        log.exception("API keys: the key table cannot be read")
+        raise Refusal(
+            503,
+            "key_store_unavailable",
+            "the server cannot read its API keys from the database; the operator "
+            "should check the database and run `manage.py migrate`",
+        ) from None
+
+
+def _authorized(scope, needed: str, principal, presented: list[str]) -> keys.Principal:
+    if principal is None:
+        message = (
+            f"the API key is not valid (unknown or revoked); {KEY_HOWTO}"
+            if presented
+            else f"this route needs an API key: {KEY_HOWTO}"
+        )
+        raise Refusal(401, "invalid_api_key", message, [(b"www-authenticate", b"Bearer")])
+    if needed not in principal.scopes:
+        scope[SCOPE_KEY] = principal.label
+        raise Refusal(
+            403,
+            "insufficient_scope",
+            f"this key ({principal.label}) lacks the '{needed}' scope that "
+            f"{scope['path']} needs: use PANTHEON_ADMIN_API_KEY or a console key "
+            f"that has '{needed}'",
+        )
+    return principal
 
 
 # Not thread-sensitive: outside Django's per-request context, thread-sensitive calls share

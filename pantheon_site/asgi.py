@@ -19,6 +19,12 @@ from access.startup import check_bind  # noqa: E402
 
 check_bind()  # a non-loopback bind with no API key: exit 2, saying why (access/startup.py)
 
+from pantheon_site import daphne_hooks  # noqa: E402
+
+# Before Daphne builds its HTTP factory: refuse before the body is spooled, the JSON error
+# shape for malformed requests, Daphne's and Twisted's access logs off (daphne_hooks.py).
+daphne_hooks.install()
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 from inference.runtime import runtime  # noqa: E402

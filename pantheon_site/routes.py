@@ -3,6 +3,12 @@
 One table for the security layers (pantheon_site/stack.py): the key check, the browser
 defences, the body limits, the access log. Paths are the contract's, exact (no trailing
 slash variants); anything not listed is a client route.
+
+Every decision is made on `canonical(path)`, and the outermost ASGI layer
+(pantheon_site.stack.canonical_path) puts that same string in scope["path"] before
+anything routes on it: `//session/watch`, `/v1/../session/watch` and `/session/./watch`
+are /session/watch for the key check, the body limit, the access log, Channels and Django
+alike.
 """
 
 from __future__ import annotations
@@ -22,6 +28,22 @@ LARGE_BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", RESTORE
 MIB = 1024 * 1024
 LARGE_BODY_BYTES = 64 * MIB
 MANAGEMENT_BODY_BYTES = 4 * MIB
+
+
+def canonical(path: str) -> str:
+    """The one spelling of a (percent-decoded) path that scope and route are decided on:
+    empty and "." segments dropped, ".." resolved (never above the root), a trailing slash
+    kept. "//session/watch" -> "/session/watch"; "/console/./" -> "/console/"."""
+    parts = path.split("/")
+    out: list[str] = []
+    for part in parts:
+        if part == "..":
+            if out:
+                out.pop()
+        elif part not in ("", "."):
+            out.append(part)
+    trailing = bool(out) and parts[-1] in ("", ".", "..")
+    return "/" + "/".join(out) + ("/" if trailing else "")
 
 
 def scope_for(path: str) -> str:

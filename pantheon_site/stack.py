@@ -40,6 +40,25 @@ def wrap(app):
     return app
 
 
+def canonical_path(app):
+    """scope["path"] rewritten to its canonical spelling (pantheon_site.routes.canonical)
+    before any layer or router reads it, so the scope a path needs and the route it reaches
+    are decided on one string. Outermost. root_path is dropped: Pantheon is served at the
+    root, and Daphne takes root_path from any client's Daphne-Root-Path header."""
+
+    async def canonical(scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            from urllib.parse import quote
+
+            from pantheon_site.routes import canonical
+
+            path = canonical(scope.get("path") or "/")
+            scope = {**scope, "path": path, "raw_path": quote(path).encode(), "root_path": ""}
+        return await app(scope, receive, send)
+
+    return canonical
+
+
 def access_guard(app):
     """API keys, scopes, the per-key quota and the browser defences (access/guard.py).
     Inside the access log (refusals are logged with the key) and outside the body limit
@@ -66,4 +85,4 @@ def body_limit(app):
 
 
 # Each entry: a callable taking an ASGI app and returning one. Outermost first.
-LAYERS: list = [access_log, access_guard, body_limit]
+LAYERS: list = [canonical_path, access_log, access_guard, body_limit]
