@@ -21,7 +21,9 @@ In this order (pantheon_site.stack puts it inside the access log, outside the bo
    it. A request counts until the app returns, so a stream counts until it ends.
 
 Only `http` scopes are checked; the rest (lifespan) pass through. The authenticated key's
-label (never the key) is put in scope["pantheon.key"] in place, for the access log.
+label (never the key) is put in scope["pantheon.key"] in place, for the access log, and
+its session namespace (namespace_of) in scope["pantheon.namespace"]: each key's sessions
+are its own (sessions/tenancy.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ log = logging.getLogger("pantheon.http")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SCOPE_KEY = "pantheon.key"  # the authenticated key's label, for the access log
+NAMESPACE_KEY = "pantheon.namespace"  # whose sessions the request reaches (sessions/tenancy.py)
 KEY_HOWTO = (
     "send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>' (PANTHEON_API_KEY, "
     "PANTHEON_ADMIN_API_KEY, or a key made in the console at /console/)"
@@ -66,6 +69,7 @@ class AccessGuard:
             principal = await admit(scope)
         except Refusal as refusal:
             return await refuse(send, refusal)
+        scope[NAMESPACE_KEY] = namespace_of(principal)  # in place, before routing copies it
         if principal is None:
             return await self.app(scope, receive, send)
         scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it
@@ -164,6 +168,15 @@ def _authorized(scope, needed: str, principal, presented: list[str]) -> keys.Pri
             f"that has '{needed}'",
         )
     return principal
+
+
+def namespace_of(principal: keys.Principal | None) -> str:
+    """The session namespace of a caller: "key:<console key id>", "env:client",
+    "env:admin", or "open" when the request needed no key (a server with none)."""
+    if principal is None:
+        return "open"
+    kind, _, rest = principal.identity.partition(":")
+    return f"key:{rest}" if kind == "console" else principal.identity
 
 
 # Not thread-sensitive: outside Django's per-request context, thread-sensitive calls share

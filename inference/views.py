@@ -45,6 +45,7 @@ from inference.request_log import note
 from inference.runtime import FAILED, build_id, runtime
 from inference.serializers import parse_json_object, validated_chat_request
 from inference.sse import DONE, EventStreamResponse, sse_data
+from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
 
@@ -112,7 +113,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         chat = validated_chat_request(request.body)
         stream = chat.is_stream
         name, svc = runtime.resolve(chat.validated_data.get("model"))
-        session_id = chat.session_key(request.headers.get("X-Session-Id"))
+        # In the caller's key's namespace: another key's session of that id is not reached.
+        session_id = tenancy.session_key(
+            request, chat.session_key(request.headers.get("X-Session-Id"))
+        )
         note(request, model=name, session_id=session_id)
         data = chat.validated_data
         enable_thinking = data.get("enable_thinking")

@@ -931,6 +931,10 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                     _object(
                         {
                             "session_id": STRING,
+                            "namespace": {
+                                "type": "string",
+                                "description": "Whose session: its API key's namespace.",
+                            },
                             "weights_version": {
                                 "type": "string",
                                 "description": "Hash of the weights.",
@@ -951,7 +955,18 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
                     )
                 ),
                 (400, 404, 429, 503),
-                body=_object(_SESSION_BODY, ("session_id",), additionalProperties=True),
+                body=_object(
+                    {
+                        **_SESSION_BODY,
+                        "namespace": {
+                            "type": "string",
+                            "minLength": 1,
+                            "description": "Whose session, when several API keys hold the id.",
+                        },
+                    },
+                    ("session_id",),
+                    additionalProperties=True,
+                ),
                 tag="sessions",
             )
         },

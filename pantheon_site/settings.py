@@ -21,6 +21,8 @@ PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
+PANTHEON_KEY_MAX_SESSIONS  session ids one API key may hold per model (0: max_sessions // 2)
+PANTHEON_KEY_MAX_WATCHES   session watches one API key may hold per model (0: half)
 PANTHEON_MAX_MESSAGES  `messages` a chat request may hold (4096)
 PANTHEON_MAX_TOOLS     `tools` a chat request may offer (128)
 PANTHEON_API_KEY       key for the client routes (inference, sessions); alone, also the
@@ -282,13 +284,23 @@ PANTHEON_ENGINE_OPTIONS = {
     "session_idle_ttl_s": env_int("PN_SESSION_IDLE_TTL_MS", 43_200_000) / 1000,
     "session_watch_grace_s": env_int("PN_SESSION_WATCH_GRACE_MS", 45_000) / 1000,
     "max_watches": env_int("PANTHEON_MAX_WATCHES", 64),
+    # Per API key (each key's sessions are its own namespace): 0 -> half, at least 1.
+    "key_max_sessions": env_int("PANTHEON_KEY_MAX_SESSIONS", 0),
+    "key_max_watches": env_int("PANTHEON_KEY_MAX_WATCHES", 0),
 }
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")
-_SESSION_LIMITS = ("session_idle_ttl_s", "session_watch_grace_s", "max_watches")
+_SESSION_LIMITS = (
+    "session_idle_ttl_s",
+    "session_watch_grace_s",
+    "max_watches",
+    "key_max_sessions",
+    "key_max_watches",
+)
 if min(PANTHEON_ENGINE_OPTIONS[key] for key in _SESSION_LIMITS) < 0:
     raise EnvError(
-        "PN_SESSION_IDLE_TTL_MS, PN_SESSION_WATCH_GRACE_MS and PANTHEON_MAX_WATCHES must be >= 0"
+        "PN_SESSION_IDLE_TTL_MS, PN_SESSION_WATCH_GRACE_MS, PANTHEON_MAX_WATCHES, "
+        "PANTHEON_KEY_MAX_SESSIONS and PANTHEON_KEY_MAX_WATCHES must be >= 0"
     )
 # SIGTERM: seconds in-flight generations may take to finish before the server exits.
 PANTHEON_DRAIN_TIMEOUT = float(env_int("PANTHEON_DRAIN_TIMEOUT", 30))

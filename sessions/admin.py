@@ -1,6 +1,6 @@
 """The sessions page of the operator console (/console/): every session the engines hold,
 the ones spilled to disk at the last shutdown and the spill files a start refused, with
-release and export actions.
+release and export actions. Each row names the API key namespace that owns its session.
 
 The rows mirror the engines (sessions.records); the page reconciles them before it
 lists them, and nobody edits them by hand. Actions go to the engine, then the page
@@ -15,6 +15,7 @@ from django.contrib import admin, messages
 from django.http import HttpResponse
 
 from inference import runtime as registry
+from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import EngineError
 from sessions import records
 from sessions.models import SessionRecord
@@ -37,6 +38,7 @@ class SessionRecordAdmin(admin.ModelAdmin):
     list_display = [
         "model_name",
         "session_id",
+        "namespace",
         "state",
         "tokens",
         "conversations",
@@ -44,8 +46,8 @@ class SessionRecordAdmin(admin.ModelAdmin):
         "created",
         "last_used",
     ]
-    list_filter = ["state", "model_name"]
-    search_fields = ["session_id", "model_name"]
+    list_filter = ["state", "model_name", "namespace"]
+    search_fields = ["session_id", "model_name", "namespace"]
     actions = ["release_selected", "export_selected"]
 
     # Read-only: the rows mirror the engines.
@@ -78,7 +80,7 @@ class SessionRecordAdmin(admin.ModelAdmin):
             if row.state in (State.SPILLED, State.REJECTED):
                 if row.state == State.SPILLED:  # not restored at the next start either
                     _delete_spill_files(row)
-                records.forget(row.model_name, row.session_id)
+                records.forget(row.model_name, _key(row))
                 released += 1
             elif svc is None:
                 self.message_user(
@@ -87,7 +89,7 @@ class SessionRecordAdmin(admin.ModelAdmin):
                     messages.WARNING,
                 )
             else:
-                svc.release_session(row.session_id)
+                svc.release_session(_key(row))
                 released += 1
         records.sync_now()
         self.message_user(request, f"Released {released} session(s).", messages.SUCCESS)
@@ -108,17 +110,22 @@ class SessionRecordAdmin(admin.ModelAdmin):
             )
             return None
         try:
-            exported = svc.export_session(row.session_id)
+            exported = svc.export_session(_key(row))
         except EngineError as exc:  # SessionNotFound, SessionBusy
             self.message_user(request, f"{row.session_id}: {exc}", messages.ERROR)
             return None
         response = HttpResponse(json.dumps(export_body(exported)), content_type="application/json")
-        name = f"session-{file_stem(row.session_id)[:12]}.json"
+        name = f"session-{file_stem(_key(row))[:12]}.json"
         response["Content-Disposition"] = f'attachment; filename="{name}"'
         return response
 
 
+def _key(row: SessionRecord) -> SessionKey:
+    """The engine's key of a row's session: its id in its owner's namespace."""
+    return SessionKey(row.session_id, row.namespace)
+
+
 def _delete_spill_files(row: SessionRecord) -> None:
     folder = model_folder(sessions_root(), row.model_name)
-    for path in folder.glob(f"{file_stem(row.session_id)}-*{SUFFIX}"):
+    for path in folder.glob(f"{file_stem(_key(row))}-*{SUFFIX}"):
         path.unlink(missing_ok=True)

@@ -4,6 +4,8 @@ A Channels consumer rather than a Django view: the response stays open until the
 goes, and the consumer must see that moment (`http.disconnect`) to drop the hold. While
 the watch is held the session is never reaped for idleness; once it closes, the session
 is dropped after the grace period (PN_SESSION_WATCH_GRACE_MS) unless watched again.
+A watch holds the caller's own session of the id (its key's namespace, sessions/tenancy.py),
+and counts against that key's watch cap (PANTHEON_KEY_MAX_WATCHES).
 
 It bypasses Django's middleware, so it sets the CORS and `Connection: close` headers and
 answers the OPTIONS preflight itself, as inference.middleware does for every other route.
@@ -21,6 +23,7 @@ from channels.generic.http import AsyncHttpConsumer
 
 from inference import runtime as registry
 from inference.errors import ApiError, api_error_from, invalid_request, method_not_allowed
+from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
 
@@ -100,10 +103,11 @@ class SessionWatchConsumer(AsyncHttpConsumer):
                 f"model {served!r} has no session cache (max_sessions is 0)",
                 "session_caching_disabled",
             )
-        svc.sessions.watch(sid)  # WatchUnavailable: 503 watch_unavailable
+        key = tenancy.session_key(self.scope, sid)  # the caller's own session of that id
+        svc.sessions.watch(key)  # WatchUnavailable: 503 watch_unavailable
         # Keep the service resolved now: the unwatch must reach the same table even if
         # the model is unloaded, or another one takes its name, meanwhile.
-        return svc, sid
+        return svc, key
 
     async def _send_keepalives(self) -> None:
         try:

@@ -1,6 +1,8 @@
 """What the console shows of each session: a mirror of the engines' session tables
 (sessions.records keeps it in step), plus the sessions spilled to disk at the last
-shutdown and the spill files a start refused. The engine is the truth for live ones."""
+shutdown and the spill files a start refused. The engine is the truth for live ones.
+A session is its model, its owner's namespace (the API key that made it) and its id: two
+keys may each hold a session of the same id."""
 
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ class SessionRecord(models.Model):
         REJECTED = "rejected", "rejected (spill file failed validation)"
 
     model_name = models.CharField(max_length=200, help_text="The served model name.")
+    namespace = models.CharField(
+        max_length=64,
+        default="open",
+        help_text='Whose session: "key:<console key id>", "env:client", "env:admin", or '
+        '"open" (a server with no API key).',
+    )
     session_id = models.CharField(max_length=256)
     conversations = models.PositiveIntegerField(default=0)
     tokens = models.PositiveIntegerField(
@@ -33,10 +41,11 @@ class SessionRecord(models.Model):
         ordering = ["-last_used", "id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["model_name", "session_id"], name="unique_session_per_model"
+                fields=["model_name", "namespace", "session_id"],
+                name="unique_session_per_model_namespace",
             )
         ]
         verbose_name = "session"
 
     def __str__(self) -> str:
-        return f"{self.model_name}: {self.session_id}"
+        return f"{self.model_name}: {self.session_id} ({self.namespace})"

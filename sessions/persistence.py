@@ -1,39 +1,53 @@
-"""Sessions survive a graceful restart: spilled to disk at shutdown, restored at load.
+"""Sessions survive a restart, a graceful one or a kill: written to disk in the
+background as turns park them, spilled whole at shutdown and unload, restored at load.
 
-Layout: DATA_DIR/sessions/<model folder>/<sha256(session id)[:24]>-<i>.pnkv, one file
-per conversation (i counts an id's conversations, least recently used first), each a
-session blob (inference.engine.serving.session_blob) whose header names the session id: the
-file name never reveals it. The model folder is the served name made filesystem-safe
-plus a short hash of the exact name, so two names never share a folder.
+Layout: DATA_DIR/sessions/<model folder>/<stem>-<i>.pnkv, one file per conversation (i
+counts a session's conversations, least recently used first), each a session blob
+(inference.engine.serving.session_blob) whose header names the session id and its
+namespace (the API key that owns it): the file name never reveals either. The stem is a
+hash of the session's key (`file_stem`). The model folder is the served name made
+filesystem-safe plus a short hash of the exact name, so two names never share a folder.
 
+- Background writes (`DurableWriter`, attached to a model at its load): the session
+  table calls its listener when a turn parks a conversation, a restore installs one, or
+  a session is released or dropped. On the engine thread that is only a note in a queue;
+  the writer thread then writes that session's conversations (those not already on disk)
+  atomically and deletes its files past the count it holds, or all of them when the
+  session is gone. A session noted again before the writer reached it is written once.
+  So a SIGKILL loses at most a session's last turn (one still queued or being written).
 - Shutdown (`spill_on_exit`, an inference.shutdown before-exit hook, after the drain):
-  every conversation of every served model is written atomically (temp file in the same
-  folder, fsync, rename, fsync of the folder); then the files of that model that the new
-  spill did not write are deleted. Sessions are written most recently used first.
+  the writer stops; every conversation of every served model is written atomically (temp
+  file in the same folder, fsync, rename, fsync of the folder); then the files of that
+  model that the new spill did not write are deleted. Sessions are written most recently
+  used first.
 - Unload or eviction (`spill_on_unload`, a runtime unload hook, after the model's
-  generations drained): the same spill for that one model, so that loading the name again
-  (an operator, or the next LRU swap) brings its sessions back.
+  generations drained): the writer lets go of the model, then the same spill for that
+  one model, so that loading the name again (an operator, or the next LRU swap) brings
+  its sessions back.
 - Load (`restore_on_load`, a runtime load hook: it runs before the model is routable):
-  each file, oldest first, is checked and installed with `svc.restore_session`, which
-  validates everything before it touches the session table, so a file is restored whole
-  or not at all. A restored file is deleted (the session is in memory now; the next
-  graceful stop writes it again). A file that fails (unreadable, corrupt, truncated,
-  other weights, no free session slot...) is moved to rejected/ with a .reason.txt next
-  to it and a warning in the log. Stray temp files of an interrupted write are removed.
-
-A hard kill between a start and the next graceful stop loses the restored sessions:
-they are clients' caches, and a client replays its conversation when a session is gone.
+  each file, oldest first, is checked and installed with `svc.restore_session` under the
+  key its header names (a blob without a namespace: the open one), which validates
+  everything before it touches the session table, so a file is restored whole or not at
+  all. A restored file stays (a file named by an older scheme is deleted: the writer
+  writes the session again under its stem). A file that fails (unreadable, corrupt,
+  truncated, other weights, no free session slot...) is moved to rejected/ with a
+  .reason.txt next to it and a warning in the log. Stray temp files of an interrupted
+  write are removed. Then the writer is attached and every restored session queued, so
+  that the folder holds exactly what the table holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
 import tempfile
+import threading
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +55,7 @@ from pathlib import Path
 from inference import runtime as registry
 from inference import shutdown
 from inference.engine.serving.session_blob import SessionSnapshot, encode, read_header
+from inference.engine.serving.sessions import OPEN, SessionKey
 from inference.engine.types import BadSessionBlob
 from sessions import records
 
@@ -66,8 +81,30 @@ def model_folder(root: Path, model_name: str) -> Path:
 
 
 def file_stem(session_id: str) -> str:
-    """What a session's spill files are named after (the id itself may be private)."""
-    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    """What a session's spill files are named after (the id itself may be private): a
+    hash of its key. A plain str is an id in the open namespace, whose stem is the hash
+    of the id alone (the names an open server always gave its files)."""
+    key = SessionKey.of(session_id)
+    text = key.id if key.namespace == OPEN else json.dumps([key.namespace, key.id])
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def _index(path: Path) -> int | None:
+    """The conversation index in a spill file's name ("<stem>-<i>.pnkv"), else None."""
+    index = path.stem.rpartition("-")[2]
+    return int(index) if index.isdigit() else None
+
+
+def _snapshot(svc, key: SessionKey, conv) -> SessionSnapshot:
+    return SessionSnapshot(
+        svc.kv_layout,
+        conv.tokens,
+        conv.k,
+        conv.v,
+        key.id,
+        created=time.time(),
+        namespace=key.namespace,
+    )
 
 
 # --- files ------------------------------------------------------------------------------
@@ -136,11 +173,20 @@ def _restore_order(path: Path) -> tuple[int, str, int]:
 
 # --- spill ------------------------------------------------------------------------------
 
+# Held by a whole spill and by each background write of one session: a spill's clean-up
+# never races a write into the same folder.
+_write_lock = threading.Lock()
 
-def spill(svc, folder: Path) -> dict[str, int]:
+
+def spill(svc, folder: Path) -> dict[SessionKey, int]:
     """Write every conversation `svc` holds to `folder`, replacing what was there.
-    Returns {session id: conversation files written}; a failed write is logged and
+    Returns {session key: conversation files written}; a failed write is logged and
     skipped."""
+    with _write_lock:
+        return _spill_locked(svc, folder)
+
+
+def _spill_locked(svc, folder: Path) -> dict[SessionKey, int]:
     held = svc.sessions.conversations()
     if not held and not folder.is_dir():
         return {}
@@ -148,34 +194,169 @@ def spill(svc, folder: Path) -> dict[str, int]:
     folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     folder.mkdir(mode=0o700, exist_ok=True)
     _remove_temp_files(folder)
-    by_id: dict[str, list] = {}
-    last_used: dict[str, float] = {}
-    for session_id, conversation, _created, used in held:
-        by_id.setdefault(session_id, []).append(conversation)
-        last_used[session_id] = used
-    layout = svc.kv_layout
+    by_key: dict[SessionKey, list] = {}
+    last_used: dict[SessionKey, float] = {}
+    for key, conversation, _created, used in held:
+        by_key.setdefault(key, []).append(conversation)
+        last_used[key] = used
     hold_s = _test_spill_delay_s()
     written: set[str] = set()
-    counts: Counter[str] = Counter()
+    counts: Counter[SessionKey] = Counter()
     # Most recently used first: if fewer sessions fit at the next start, those are kept.
-    for session_id in sorted(by_id, key=lambda sid: -last_used[sid]):
-        for i, conv in enumerate(by_id[session_id]):
-            path = folder / f"{file_stem(session_id)}-{i}{SUFFIX}"
+    for key in sorted(by_key, key=lambda k: -last_used[k]):
+        for i, conv in enumerate(by_key[key]):
+            path = folder / f"{file_stem(key)}-{i}{SUFFIX}"
             try:
-                snapshot = SessionSnapshot(
-                    layout, conv.tokens, conv.k, conv.v, session_id, created=time.time()
-                )
-                write_atomic(path, encode(snapshot), hold_s=hold_s)
+                write_atomic(path, encode(_snapshot(svc, key, conv)), hold_s=hold_s)
             except Exception:
                 log.exception("cannot spill a conversation of a session to %s", path)
                 continue
+            writer.wrote(path, conv)
             written.add(path.name)
-            counts[session_id] += 1
+            counts[key] += 1
     for path in _spill_files(folder):
         if path.name not in written:
             path.unlink(missing_ok=True)
+            writer.wrote(path, None)
     _fsync_dir(folder)
     return dict(counts)
+
+
+# --- background writes -------------------------------------------------------------------
+
+
+class DurableWriter:
+    """Writes sessions to disk off the engine thread as their turns park (see the module
+    docstring). One thread for every model; `attach` a model at its load, `detach` it
+    before it is unloaded."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        # (id(svc), key) -> (folder, svc); insertion order is the write order
+        self._pending: dict[tuple[int, SessionKey], tuple[Path, object]] = {}
+        self._current: int | None = None  # id(svc) of the write in progress
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._on_disk: dict[Path, weakref.ref] = {}  # file -> the conversation it holds
+
+    # --- any thread ---
+
+    def attach(self, svc, folder: Path) -> None:
+        """Write `svc`'s sessions to `folder` from now on, as its table reports changes."""
+        sessions = svc.sessions
+        svc_ref = weakref.ref(svc)  # the listener must not keep an unloaded model alive
+
+        def changed(key: SessionKey) -> None:
+            target = svc_ref()
+            if target is not None:
+                self.enqueue(target, folder, key)
+
+        changed.writer = self  # detach recognises its own listener
+        sessions.listener = changed
+        with self._cond:
+            self._stopped = False
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pantheon-session-writer", daemon=True
+                )
+                self._thread.start()
+
+    def enqueue(self, svc, folder: Path, key: SessionKey) -> None:
+        """Note that `key`'s conversations changed (cheap: the engine thread calls it)."""
+        with self._cond:
+            if self._stopped:
+                return
+            self._pending.setdefault((id(svc), key), (folder, svc))
+            self._cond.notify()
+
+    def detach(self, svc) -> None:
+        """No more writes for `svc`: its listener is removed, its queued writes dropped,
+        and a write of it in progress is waited for."""
+        listener = getattr(svc.sessions, "listener", None)
+        if getattr(listener, "writer", None) is self:
+            svc.sessions.listener = None
+        with self._cond:
+            for item in [item for item in self._pending if item[0] == id(svc)]:
+                del self._pending[item]
+            while self._current == id(svc):
+                self._cond.wait()
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every queued write is done; False if that took past `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._current is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def stop(self) -> None:
+        """Drop what is queued, wait for the write in progress, write nothing more (the
+        shutdown spill writes everything next)."""
+        with self._cond:
+            self._stopped = True
+            self._pending.clear()
+            self._cond.notify_all()
+            while self._current is not None:
+                self._cond.wait()
+
+    def wrote(self, path: Path, conversation) -> None:
+        """`path` now holds `conversation` (None: it was deleted)."""
+        if conversation is None:
+            self._on_disk.pop(path, None)
+        else:
+            self._on_disk[path] = weakref.ref(conversation)
+
+    # --- the writer thread ---
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                (svc_id, key), (folder, svc) = next(iter(self._pending.items()))
+                del self._pending[(svc_id, key)]
+                self._current = svc_id
+            try:
+                with _write_lock:
+                    self._write(svc, folder, key)
+            except Exception:
+                log.exception("cannot write a session to %s", folder)
+            finally:
+                del svc
+                with self._cond:
+                    self._current = None
+                    self._cond.notify_all()
+
+    def _write(self, svc, folder: Path, key: SessionKey) -> None:
+        """Make `folder` hold exactly `key`'s conversations: write those not on disk yet,
+        delete its files past them (all of them when the session is gone)."""
+        conversations = svc.sessions.held(key)
+        stem = file_stem(key)
+        if conversations:
+            folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder.mkdir(mode=0o700, exist_ok=True)
+        elif not folder.is_dir():
+            return
+        for i, conv in enumerate(conversations):
+            path = folder / f"{stem}-{i}{SUFFIX}"
+            ref = self._on_disk.get(path)
+            if ref is not None and ref() is conv and path.exists():
+                continue  # conversations are immutable: that file holds it already
+            write_atomic(path, encode(_snapshot(svc, key, conv)))
+            self.wrote(path, conv)
+        for path in folder.glob(f"{stem}-*{SUFFIX}"):
+            index = _index(path)
+            if index is None or index >= len(conversations):
+                path.unlink(missing_ok=True)
+                self.wrote(path, None)
+
+
+writer = DurableWriter()
 
 
 # --- restore ----------------------------------------------------------------------------
@@ -184,13 +365,13 @@ def spill(svc, folder: Path) -> dict[str, int]:
 @dataclass(frozen=True)
 class Rejected:
     file: Path  # where it is now (under rejected/), or where it was if it could not move
-    session_id: str | None  # None: the header could not be read
+    session_id: SessionKey | None  # None: the header could not be read
     reason: str
 
 
 @dataclass
 class RestoreReport:
-    restored: Counter[str] = field(default_factory=Counter)  # session id -> conversations
+    restored: Counter[SessionKey] = field(default_factory=Counter)  # key -> conversations
     rejected: list[Rejected] = field(default_factory=list)
 
 
@@ -202,19 +383,22 @@ def restore(svc, folder: Path, model_name: str) -> RestoreReport:
         return report
     _remove_temp_files(folder)
     for path in sorted(_spill_files(folder), key=_restore_order):
-        session_id = None
+        key = None
         try:
             blob = path.read_bytes()
-            session_id = read_header(blob)["session_id"]
-            if not session_id:
+            header = read_header(blob)
+            if not header["session_id"]:
                 raise BadSessionBlob("the blob names no session id")
-            svc.restore_session(session_id, blob, None)
+            # Back to its owner: a blob written before namespaces is the open one's.
+            key = SessionKey(header["session_id"], header["namespace"] or OPEN)
+            svc.restore_session(key, blob, None)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            report.rejected.append(Rejected(_reject(path, model_name, reason), session_id, reason))
+            report.rejected.append(Rejected(_reject(path, model_name, reason), key, reason))
             continue
-        report.restored[session_id] += 1
-        path.unlink(missing_ok=True)
+        report.restored[key] += 1
+        if path.name.rpartition("-")[0] != file_stem(key):
+            path.unlink(missing_ok=True)  # an older name: written again under its stem
     return report
 
 
@@ -246,10 +430,16 @@ def _reject(path: Path, model_name: str, reason: str) -> Path:
 
 
 def restore_on_load(name: str, svc) -> None:
-    """Runtime load hook: restore the model's spilled sessions."""
+    """Runtime load hook: restore the model's spilled sessions, then write its sessions
+    in the background from now on (every restored one first)."""
     if not hasattr(svc, "restore_session"):  # a stand-in service
         return
-    report = restore(svc, model_folder(sessions_root(), name), name)
+    folder = model_folder(sessions_root(), name)
+    with _write_lock:  # no background write into the folder while it is read
+        report = restore(svc, folder, name)
+    writer.attach(svc, folder)
+    for key in report.restored:
+        writer.enqueue(svc, folder, key)
     if report.restored:
         log.info(
             "model %s: restored %d session(s) (%d conversations) from disk",
@@ -271,6 +461,7 @@ def spill_on_unload(name: str, svc) -> None:
     back when the name is loaded again (the same weights; other weights reject them)."""
     if not hasattr(svc, "sessions"):  # a stand-in service
         return
+    writer.detach(svc)
     infos = svc.session_info()
     counts = spill(svc, model_folder(sessions_root(), name))
     if counts:
@@ -279,11 +470,12 @@ def spill_on_unload(name: str, svc) -> None:
 
 
 def spill_on_exit() -> None:
-    """Before-exit hook: stop the mirror, spill every served model's sessions, mark their
-    rows "spilled", and write nothing more."""
+    """Before-exit hook: stop the mirror and the background writer, spill every served
+    model's sessions, mark their rows "spilled", and write nothing more."""
     records.stop_mirror()
+    writer.stop()
     root = sessions_root()
-    spilled: dict[str, set[str]] = {}
+    spilled: dict[str, set[SessionKey]] = {}
     done: set[int] = set()
     for name, svc in registry.runtime.services().items():
         # One service may be served under two names (tests): spill it once.
@@ -313,8 +505,9 @@ _installed = False
 
 
 def install(rt) -> None:
-    """Restore at every load of `rt`, spill at graceful shutdown, mirror the session
-    tables into SessionRecord (pantheon_site.asgi, before the models load)."""
+    """Restore at every load of `rt` (and write its sessions in the background from then
+    on), spill at graceful shutdown, mirror the session tables into SessionRecord
+    (pantheon_site.asgi, before the models load)."""
     global _installed
     rt.add_load_hook(restore_on_load)
     rt.add_unload_hook(spill_on_unload)

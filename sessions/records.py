@@ -10,6 +10,10 @@ shutdown) wait for their model to load; once it has (its spill files are restore
 it becomes routable) the restored ones turn live and the rest go. "rejected" rows (a spill
 file that failed validation) stay until an operator releases them.
 
+A row is (model, namespace, session id): the namespace is the API key that owns the
+session (inference.engine.serving.sessions.SessionKey), so the same id under two keys is
+two rows.
+
 Database errors are logged and never stop the thread or the server.
 """
 
@@ -22,6 +26,7 @@ import threading
 from django.db import connections, transaction
 
 from inference import runtime as registry
+from inference.engine.serving.sessions import SessionKey
 from sessions.models import SessionRecord
 
 log = logging.getLogger("pantheon.sessions")
@@ -89,14 +94,17 @@ def sync_now() -> bool:
 
 def _reconcile(live: dict[str, list]) -> None:
     with transaction.atomic():
-        rows = {(r.model_name, r.session_id): r for r in SessionRecord.objects.all()}
+        rows = {(r.model_name, r.namespace, r.session_id): r for r in SessionRecord.objects.all()}
         for name, infos in live.items():
             for info in infos:
                 fields = _fields(info)
-                row = rows.pop((name, info.session_id), None)
+                row = rows.pop((name, info.namespace, str(info.session_id)), None)
                 if row is None:
                     SessionRecord.objects.create(
-                        model_name=name, session_id=info.session_id, **fields
+                        model_name=name,
+                        namespace=info.namespace,
+                        session_id=str(info.session_id),
+                        **fields,
                     )
                 elif any(getattr(row, key) != value for key, value in fields.items()):
                     for key, value in fields.items():
@@ -104,7 +112,7 @@ def _reconcile(live: dict[str, list]) -> None:
                     row.save()
         gone = [
             row.pk
-            for (name, _), row in rows.items()
+            for (name, _, _), row in rows.items()
             # A loaded model's table is complete (its spill files were restored before it
             # became routable); a model not loaded keeps only what is still on disk.
             if (name in live and row.state != State.REJECTED)
@@ -117,16 +125,25 @@ def _reconcile(live: dict[str, list]) -> None:
 # --- persistence events (sessions.persistence) --------------------------------------------
 
 
+def _matching(model_name: str, keys) -> list[int]:
+    """The pks of `model_name`'s rows for these session keys."""
+    wanted = {(k.namespace, str(k)) for k in map(SessionKey.of, keys)}
+    rows = SessionRecord.objects.filter(
+        model_name=model_name, session_id__in={sid for _, sid in wanted}
+    )
+    return [r.pk for r in rows if (r.namespace, r.session_id) in wanted]
+
+
 def mark_spilled(spilled: dict[str, set[str]]) -> None:
-    """The shutdown spill wrote these {model: session ids}: record them as "spilled"."""
+    """The shutdown spill wrote these {model: session keys}: record them as "spilled"."""
     with _sync_lock:
         try:
             # One transaction: a kill part-way leaves the rows as they were, never
             # reconciled without the spilled states.
             with transaction.atomic():
                 _reconcile(engine_snapshot())
-                for name, ids in spilled.items():
-                    SessionRecord.objects.filter(model_name=name, session_id__in=ids).update(
+                for name, keys in spilled.items():
+                    SessionRecord.objects.filter(pk__in=_matching(name, keys)).update(
                         state=State.SPILLED
                     )
         except Exception:
@@ -144,7 +161,8 @@ def record_spilled(model_name: str, infos: list) -> None:
                 for info in infos:
                     SessionRecord.objects.update_or_create(
                         model_name=model_name,
-                        session_id=info.session_id,
+                        namespace=info.namespace,
+                        session_id=str(info.session_id),
                         defaults={**_fields(info), "state": State.SPILLED},
                     )
         except Exception:
@@ -166,19 +184,20 @@ def mark_rejected(
     model_name: str, by_id: dict[str, str], by_stem: dict[str, str], keep: set[str]
 ) -> None:
     """A start refused spill files of `model_name`: mark their "spilled" rows "rejected"
-    with the reason. `by_id` {session id: why} comes from files whose header was
-    readable, `by_stem` {file stem: why} from the others (a row matches by the hashed id
-    its files are named after). Ids in `keep` had another conversation restored: live."""
+    with the reason. `by_id` {session key: why} comes from files whose header was
+    readable, `by_stem` {file stem: why} from the others (a row matches by the hashed key
+    its files are named after). Keys in `keep` had another conversation restored: live."""
     from sessions.persistence import file_stem
 
     with _sync_lock:
         try:
             with transaction.atomic():
-                spilled = SessionRecord.objects.filter(
-                    model_name=model_name, state=State.SPILLED
-                ).exclude(session_id__in=keep)
+                spilled = SessionRecord.objects.filter(model_name=model_name, state=State.SPILLED)
                 for row in spilled:
-                    why = by_id.get(row.session_id) or by_stem.get(file_stem(row.session_id))
+                    key = SessionKey(row.session_id, row.namespace)
+                    if key in keep:
+                        continue
+                    why = by_id.get(key) or by_stem.get(file_stem(key))
                     if why:
                         row.state = State.REJECTED
                         row.detail = why
@@ -188,8 +207,12 @@ def mark_rejected(
 
 
 def forget(model_name: str, session_id: str) -> None:
-    """Delete one row (a released session that only the table still named)."""
-    SessionRecord.objects.filter(model_name=model_name, session_id=session_id).delete()
+    """Delete one row (a released session that only the table still named); a plain str
+    id is in the open namespace."""
+    key = SessionKey.of(session_id)
+    SessionRecord.objects.filter(
+        model_name=model_name, namespace=key.namespace, session_id=str(key)
+    ).delete()
 
 
 # --- the mirror thread --------------------------------------------------------------------

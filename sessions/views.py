@@ -5,6 +5,10 @@ Sync views on purpose: an export encodes, hashes and base64-encodes every KV byt
 conversation and a restore decodes and checks them (hundreds of MB for a long session);
 under ASGI Django runs each sync request in its own thread, off the event loop that
 streams completions. Validate, call the model's service, render.
+
+Each key's sessions are its own (sessions/tenancy.py): restore, release and watch reach
+only the caller's namespace. An export (an operator route: the session_export scope)
+may take any key's session, and says whose.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from inference import runtime as registry
 from inference.engine.serving.service import FALLBACK_PREFILL_TOK_PER_S
+from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import BadSessionBlob
 from inference.errors import (
     ApiError,
@@ -33,6 +38,7 @@ from inference.errors import (
 from inference.request_log import note
 from inference.runtime import ModelNotFound, NoModelsLoaded
 from inference.serializers import parse_json_object
+from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
 
@@ -113,14 +119,38 @@ def _caching_service(name: str | None):
 
 @_route("POST")
 def export_session(request: HttpRequest) -> HttpResponse:
-    """POST /admin/session/export {"name"?, "session_id"}: the id's most recently used
-    conversation as a base64 blob plus the tokens it covers (send both back to restore).
-    The session id comes from the body only."""
+    """POST /admin/session/export {"name"?, "session_id", "namespace"?}: the id's most
+    recently used conversation as a base64 blob plus the tokens it covers (send both back
+    to restore). The session id comes from the body only.
+
+    An operator may export any key's session: the caller's own session of that id, else
+    the one key's that holds it; `namespace` names the key when several hold the id.
+    The reply's `namespace` says whose it was (the blob records it too)."""
     body = parse_json_object(request.body)
     sid = _session_id(body.get("session_id"))
+    owner = body.get("namespace")
+    if owner is not None and (not isinstance(owner, str) or not owner):
+        raise invalid_request("namespace: expected a non-empty string")
     served, svc = _caching_service(_model_name(body.get("name")))
     note(request, model=served, session_id=sid)
-    return json_response(export_body(svc.export_session(sid)))
+    return json_response(export_body(svc.export_session(_export_key(request, svc, sid, owner))))
+
+
+def _export_key(request: HttpRequest, svc, sid: str, owner: str | None):
+    """Which key's session `sid` an export takes (see export_session)."""
+    if owner is not None:
+        return SessionKey(sid, owner)
+    own = tenancy.session_key(request, sid)
+    if own in svc.sessions:
+        return own
+    holders = svc.sessions.owners(sid)
+    if len(holders) > 1:
+        names = ", ".join(sorted(repr(k.namespace) for k in holders))
+        raise invalid_request(
+            f"session_id: {len(holders)} API keys hold a session of this id ({names}); "
+            "name one with `namespace`"
+        )
+    return holders[0] if holders else own  # none: SessionNotFound, 404
 
 
 def export_body(exported) -> dict:
@@ -128,6 +158,7 @@ def export_body(exported) -> dict:
     action downloads the same)."""
     return {
         "session_id": exported.session_id,
+        "namespace": exported.namespace,
         "weights_version": exported.weights_version,
         "n_tok": exported.n_tok,
         "blob_bytes": len(exported.blob),
@@ -166,7 +197,8 @@ def restore_session(request: HttpRequest) -> HttpResponse:
         blob = base64.b64decode(blob_b64, validate=True)
     except ValueError:  # binascii.Error, or a non-ASCII string
         raise BadSessionBlob("blob: not valid base64") from None
-    n_tok = svc.restore_session(sid, blob, tokens)
+    # Into the caller's own namespace, whatever namespace the blob records.
+    n_tok = svc.restore_session(tenancy.session_key(request, sid), blob, tokens)
     return json_response({"restored": True, "session_id": sid, "n_tok": n_tok})
 
 
@@ -205,7 +237,7 @@ def release_session(request: HttpRequest) -> HttpResponse:
     sid = _session_id(body.get("session_id"), request.headers.get("X-Session-Id", ""))
     served, svc = _live().resolve(_model_name(body.get("name")))
     note(request, model=served, session_id=sid)
-    svc.release_session(sid)
+    svc.release_session(tenancy.session_key(request, sid))  # the caller's own only
     return json_response({"released": True, "session_id": sid})
 
 

@@ -38,6 +38,10 @@ class ModelConfig:
     session_idle_ttl_s: float = 12 * 3600.0
     session_watch_grace_s: float = 45.0
     max_watches: int = 64
+    # Per API key (namespace; not the open one): session ids and watches it may hold at
+    # once. 0: half of max_sessions / max_watches, at least 1.
+    key_max_sessions: int = 0
+    key_max_watches: int = 0
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,7 @@ def test_export_action_downloads_the_export_body_whose_blob_restores(
     body = response.json()
     assert set(body) == {
         "session_id",
+        "namespace",
         "weights_version",
         "n_tok",
         "blob_bytes",
@@ -137,6 +138,7 @@ def test_export_action_downloads_the_export_body_whose_blob_restores(
     }
     blob = base64.b64decode(body["blob_b64"])
     assert body["session_id"] == "to-export" and body["n_tok"] == info.tokens
+    assert body["namespace"] == "open"  # whose: a server with no key has one namespace
     assert body["blob_bytes"] == len(blob) and len(body["tokens"]) == body["n_tok"]
     assert body["weights_version"] == smollm2_service.weights_version
 

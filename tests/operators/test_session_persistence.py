@@ -119,7 +119,7 @@ def test_spilled_sessions_restore_whole_and_the_next_turn_resumes_from_them(svc,
     report = restore(restored, folder, "restored")
     assert report.rejected == [] and report.restored == {"persist-a": 2, "persist-b": 1}
     assert held(restored) == before  # same tokens, same order
-    assert spill_files(folder) == []  # in memory now; the next stop writes them again
+    assert spill_files(folder) == sorted(names)  # kept: a kill now still finds them
 
     # Continue a restored conversation: every held token comes from the restored KV, and
     # the answer is the one a cold run of the same prompt gives.
@@ -163,7 +163,7 @@ def test_files_that_fail_validation_are_moved_aside_and_the_good_ones_restored(
 
     assert report.restored == {"good": 1}
     assert set(held(restored)) == {"good"}  # nothing of the bad files was installed
-    assert spill_files(folder) == []
+    assert spill_files(folder) == [f"{file_stem('good')}-0{SUFFIX}"]
     rejected = folder / REJECTED_DIR
     assert sorted(p.name for p in rejected.glob("*" + SUFFIX)) == sorted(bad)
     for name, (_, why) in bad.items():
@@ -215,7 +215,7 @@ def test_writes_are_atomic_and_stray_temp_files_are_removed(svc, sibling, tmp_pa
     stale.write_bytes(b"half a blob")
     report = restore(sibling(), folder, "restored")
     assert report.restored == {"kept": 1} and report.rejected == []
-    assert os.listdir(folder) == []
+    assert os.listdir(folder) == [f"{file_stem('kept')}-0{SUFFIX}"]  # the temp file went
 
 
 # --- the hooks ----------------------------------------------------------------------------
@@ -291,7 +291,8 @@ def test_sessions_survive_an_unload_and_reload_through_the_hooks(
     assert SessionRecord.objects.get(session_id="tiny-session").state == "spilled"
 
     svc = rt.load(LoadSpec(name="chat", path="tiny.gguf")).svc
-    assert held(svc) == {"tiny-session": [history]} and spill_files(folder) == []
+    assert held(svc) == {"tiny-session": [history]}
+    assert spill_files(folder) == [f"{file_stem('tiny-session')}-0{SUFFIX}"]
     _, usage = turn(svc, [*history, 7], "tiny-session", max_tokens=1)
     assert usage.cached_tokens == len(history)
     assert records.sync_now()

@@ -63,7 +63,7 @@ from .scheduler import (
 from .session_blob import KVLayout, SessionSnapshot
 from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
-from .sessions import Conversation, Resume, SessionInfo, SessionTable
+from .sessions import Conversation, Resume, SessionInfo, SessionKey, SessionTable
 
 log = logging.getLogger("pantheon.engine.service")
 
@@ -152,6 +152,7 @@ class ExportedSession:
     weights_version: str
     tokens: tuple[int, ...]
     blob: bytes
+    namespace: str = "open"  # whose session it is (serving/sessions.py)
 
     @property
     def n_tok(self) -> int:
@@ -213,6 +214,8 @@ class ModelService:
             idle_ttl_s=config.session_idle_ttl_s,
             watch_grace_s=config.session_watch_grace_s,
             max_watches=config.max_watches,
+            key_max_sessions=config.key_max_sessions,
+            key_max_watches=config.key_max_watches,
         )
         self._last_reap = 0.0
         self._lock = threading.Lock()  # guards scheduler and _requests
@@ -496,18 +499,27 @@ class ModelService:
         return KVLayout(self.architecture, self.weights_version, n_layer, n_kv_head, head_dim)
 
     def export_session(self, session_id: str) -> ExportedSession:
-        """The id's most recently used conversation as a portable blob (session_blob.py).
-        Raises SessionNotFound, SessionBusy (a turn in flight)."""
-        conv = self.sessions.latest(session_id)
+        """The id's most recently used conversation as a portable blob (session_blob.py)
+        that records the session's namespace. Raises SessionNotFound, SessionBusy (a turn
+        in flight)."""
+        key = SessionKey.of(session_id)
+        conv = self.sessions.latest(key)
         blob = encode_blob(
             SessionSnapshot(
-                self.kv_layout, conv.tokens, conv.k, conv.v, session_id, created=time.time()
+                self.kv_layout,
+                conv.tokens,
+                conv.k,
+                conv.v,
+                key.id,
+                created=time.time(),
+                namespace=key.namespace,
             )
         )
-        return ExportedSession(session_id, self.weights_version, conv.tokens, blob)
+        return ExportedSession(key.id, self.weights_version, conv.tokens, blob, key.namespace)
 
     def restore_session(self, session_id: str, blob: bytes, tokens: list[int] | None) -> int:
-        """Install an exported conversation under `session_id`; returns its token count.
+        """Install an exported conversation under `session_id` (a SessionKey: in its
+        namespace, whatever namespace the blob records); returns its token count.
 
         Everything is checked before the table is touched: the blob itself (BadSessionBlob),
         the weights (WeightsVersionMismatch), the tokens sent with it, the window; then

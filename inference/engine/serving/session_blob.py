@@ -35,6 +35,15 @@ informative ones without a version bump):
     "session_id"       str or null   informative only (restore names its own session)
     "created"          number        unix time of the capture (finite)
 
+One optional key (a compatible extension of version 1: a blob without it is read as
+before, and a reader that predates it ignores it):
+
+    "namespace"        str or null   whose session it was (the API key's namespace, see
+                                     serving/sessions.py); absent or null: "open". An
+                                     HTTP restore installs under the caller's own
+                                     namespace whatever this says; a spill file restored
+                                     at start goes back to the namespace it names.
+
 JSON booleans are not integers here; NaN/Infinity literals and duplicate keys are refused.
 The writer in this module emits compact ASCII JSON and pads it with trailing spaces (still
 valid JSON) so that K starts at a multiple of 64 bytes from the start of the blob; readers
@@ -123,6 +132,7 @@ class SessionSnapshot:
     v: np.ndarray
     session_id: str | None = None
     created: float = 0.0
+    namespace: str | None = None
 
     @property
     def n_tok(self) -> int:
@@ -183,6 +193,8 @@ def encode(snapshot: SessionSnapshot) -> bytes:
             raise ValueError(f"snapshot.tokens[{i}] = {t!r} is not an int in [0, 2**31)")
     if snapshot.session_id is not None and not isinstance(snapshot.session_id, str):
         raise ValueError("snapshot.session_id must be a str or None")
+    if snapshot.namespace is not None and not isinstance(snapshot.namespace, str):
+        raise ValueError("snapshot.namespace must be a str or None")
     created = snapshot.created
     if isinstance(created, bool) or not isinstance(created, int | float | np.floating):
         raise ValueError(f"snapshot.created must be a number, got {created!r}")
@@ -203,9 +215,12 @@ def encode(snapshot: SessionSnapshot) -> bytes:
         "head_dim": layout.head_dim,
         "n_tok": len(tokens),
         "tokens": tokens,
-        "session_id": snapshot.session_id,
+        # str(): a SessionKey (a str subclass) is written as its bare id.
+        "session_id": None if snapshot.session_id is None else str(snapshot.session_id),
         "created": created,
     }
+    if snapshot.namespace is not None:
+        header["namespace"] = snapshot.namespace
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     header_bytes = text.encode("ascii")
     header_bytes += b" " * (-(_PREAMBLE.size + len(header_bytes)) % _PAYLOAD_ALIGN)
@@ -372,6 +387,11 @@ def _parse(mv: memoryview) -> tuple[dict, int]:
             "blob header field 'session_id' must be a string or null, "
             f"found {_kind(header['session_id'])}"
         )
+    namespace = header.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise BadSessionBlob(
+            f"blob header field 'namespace' must be a string or null, found {_kind(namespace)}"
+        )
     _missing(header, "created")
     created = header["created"]
     if isinstance(created, bool) or not isinstance(created, int | float):
@@ -400,6 +420,7 @@ def _check_tokens(header: dict) -> None:
 
 def _clean_header(header: dict) -> dict:
     out = {key: header[key] for key in _HEADER_KEYS}
+    out["namespace"] = header.get("namespace")  # optional: None in a blob without it
     out["created"] = float(out["created"])
     return out
 
@@ -408,7 +429,8 @@ def read_header(blob: bytes | bytearray | memoryview) -> dict:
     """The validated header of a blob, with no model comparison (for listing spilled
     sessions): magic, version, lengths, checksum, field types and tokens are checked.
 
-    Returns a new dict with exactly the documented header keys ("created" as a float).
+    Returns a new dict with exactly the documented header keys ("created" as a float,
+    "namespace" None when the blob has none).
     Raises BadSessionBlob.
     """
     header, _ = _parse(_as_bytes_view(blob))
@@ -469,4 +491,5 @@ def decode(blob: bytes | bytearray | memoryview, expect: KVLayout) -> SessionSna
         v=arrays[1],
         session_id=header["session_id"],
         created=float(header["created"]),
+        namespace=header.get("namespace"),
     )

@@ -1,4 +1,14 @@
-"""The session table: a model's prefix cache, keyed by session id.
+"""The session table: a model's prefix cache, keyed by session id within a namespace.
+
+Namespaces: every session belongs to the namespace of the caller that made it (the
+caller's API key: "key:<console key id>", "env:client", "env:admin"; "open" on a server
+with no key). A `SessionKey` is the session id together with its namespace, built in one
+place (sessions.tenancy, from what the access guard put in the request's scope); a plain
+str is an id in the OPEN namespace (an open server, engine tests). The same id in two
+namespaces is two sessions: no turn, release, watch or restore reaches another
+namespace's session, and a turn's `cached_tokens` only ever counts its own namespace's
+KV. Each namespace but OPEN may hold at most `key_max_sessions` ids and
+`key_max_watches` watches, so one key cannot take every slot from the others.
 
 A session id owns up to MAX_CONVERSATIONS conversations (a client may send its title
 request and its real turns under one id). Each conversation is the token history whose
@@ -10,8 +20,8 @@ ends, its slot's KV is copied back out as the id's newest conversation.
 Conversations are immutable once parked (a turn replaces one, never edits it), so an
 export can serialize one outside the lock while the engine keeps running.
 
-Residency: `max_sessions` counts ids. A new id while every one is held is refused
-(SessionCapacity); an idle id is dropped after `idle_ttl_s`; an id with a watch held is
+Residency: `max_sessions` counts ids. A new id while every one is held, or while its
+namespace holds its own cap, is refused (SessionCapacity); an idle id is dropped after `idle_ttl_s`; an id with a watch held is
 never dropped, and once its last watch is gone it is dropped after `watch_grace_s` unless
 a new watch arrives first.
 
@@ -21,6 +31,11 @@ ends, its history replaces that conversation if the shared prefix covered at lea
 of it (the next turn, a regenerated or edited last turn); otherwise it is a different
 conversation and is added, displacing the id's least recently used one when the id holds
 MAX_CONVERSATIONS: such a turn reports `session_conflict`.
+
+Changes: `listener` (if set) is called with the SessionKey after a turn parks a
+conversation, a restore installs one, or the id is released or reaped; it runs on the
+caller's thread (the engine thread for parks and reaps), so it must only take note (the
+sessions app queues a background write to disk).
 
 Pure bookkeeping plus array references: no model, no KV cache. Thread safe.
 """
@@ -37,6 +52,51 @@ import numpy as np
 from ..types import SessionBusy, SessionCapacity, SessionNotFound, WatchUnavailable
 
 MAX_CONVERSATIONS = 4
+OPEN = "open"  # the namespace of a server with no API key, and of a plain str id
+
+
+class SessionKey(str):
+    """A session id (the str itself: what logs, file headers and replies show) in its
+    namespace. Equal only to a key of the same id and namespace; a plain str is the same
+    id in the OPEN namespace (equal to, and hashing like, SessionKey(id, OPEN))."""
+
+    namespace: str
+
+    def __new__(cls, session_id: str, namespace: str = OPEN) -> SessionKey:
+        key = super().__new__(cls, session_id)
+        key.namespace = namespace
+        return key
+
+    @classmethod
+    def of(cls, value: str) -> SessionKey:
+        """`value` as a key: a SessionKey as it is, a plain str in the OPEN namespace."""
+        return value if isinstance(value, SessionKey) else cls(value)
+
+    @property
+    def id(self) -> str:
+        return str.__str__(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SessionKey):
+            return self.namespace == other.namespace and str.__eq__(self, other)
+        if isinstance(other, str):
+            return self.namespace == OPEN and str.__eq__(self, other)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        if self.namespace == OPEN:
+            return str.__hash__(self)
+        return hash((self.namespace, str.__str__(self)))
+
+    def __repr__(self) -> str:
+        return f"SessionKey({str.__repr__(self)}, {self.namespace!r})"
+
+    def __reduce__(self):
+        return (SessionKey, (str.__str__(self), self.namespace))
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +126,7 @@ class Resume:
 
 @dataclass(frozen=True)
 class SessionInfo:
-    session_id: str
+    session_id: SessionKey  # its namespace is `namespace`
     conversations: int
     tokens: int  # held by the most recently used conversation
     total_tokens: int
@@ -75,11 +135,12 @@ class SessionInfo:
     last_used: float
     in_flight: int
     watches: int
+    namespace: str = OPEN
 
 
 @dataclass(eq=False)
 class _Session:
-    session_id: str
+    session_id: SessionKey
     created: float
     last_used: float
     conversations: list[Conversation] = field(default_factory=list)  # least recent first
@@ -115,17 +176,23 @@ class SessionTable:
         idle_ttl_s: float = 12 * 3600.0,
         watch_grace_s: float = 45.0,
         max_watches: int = 64,
+        key_max_sessions: int = 0,
+        key_max_watches: int = 0,
         clock: Callable[[], float] = time.time,
     ):
         self.max_sessions = max_sessions
         self.idle_ttl_s = idle_ttl_s
         self.watch_grace_s = watch_grace_s
         self.max_watches = max_watches
+        # Per namespace (every one but OPEN); 0: half the table's, at least 1.
+        self.key_max_sessions = min(max_sessions, key_max_sessions or max(1, max_sessions // 2))
+        self.key_max_watches = min(max_watches, key_max_watches or max(1, max_watches // 2))
         self.clock = clock
+        self.listener: Callable[[SessionKey], None] | None = None
         self._lock = threading.Lock()
-        self._sessions: dict[str, _Session] = {}
-        self._watches: dict[str, int] = {}  # session id -> watches held
-        self._grace: dict[str, float] = {}  # session id -> when its unwatched grace ends
+        self._sessions: dict[SessionKey, _Session] = {}
+        self._watches: dict[SessionKey, int] = {}  # watches held per key
+        self._grace: dict[SessionKey, float] = {}  # key -> when its unwatched grace ends
 
     @property
     def enabled(self) -> bool:
@@ -137,28 +204,32 @@ class SessionTable:
 
     def __contains__(self, session_id: str) -> bool:
         with self._lock:
-            return session_id in self._sessions
+            return SessionKey.of(session_id) in self._sessions
 
     # --- turns ---------------------------------------------------------------------------
 
     def begin_turn(self, session_id: str) -> None:
-        """A turn of `session_id` is admitted; a new id needs a free session slot."""
+        """A turn of `session_id` is admitted; a new id needs a free session slot (in the
+        table and in its namespace)."""
+        key = SessionKey.of(session_id)
         with self._lock:
-            session = self._sessions.get(session_id) or self._new_locked(session_id)
+            session = self._sessions.get(key) or self._new_locked(key)
             session.in_flight += 1
             session.last_used = self.clock()
 
     def end_turn(self, session_id: str) -> None:
+        key = SessionKey.of(session_id)
         with self._lock:
-            session = self._sessions.get(session_id)
+            session = self._sessions.get(key)
             if session is not None:
                 session.in_flight = max(0, session.in_flight - 1)
                 session.last_used = self.clock()
 
     def match(self, session_id: str, prompt: Sequence[int]) -> Resume:
         """The conversation of `session_id` that `prompt` continues furthest."""
+        key = SessionKey.of(session_id)
         with self._lock:
-            session = self._sessions.get(session_id)
+            session = self._sessions.get(key)
             conversations = list(session.conversations) if session else []
         best = _furthest(conversations, prompt)
         return Resume(best.conversation, best.shared, max(0, min(best.shared, len(prompt) - 1)))
@@ -167,106 +238,141 @@ class SessionTable:
         """Keep a finished turn's history as the id's newest conversation. Returns True
         when that displaced another conversation of the id (a session conflict). An id
         released while its turn ran is not brought back."""
+        key = SessionKey.of(session_id)
         with self._lock:
-            session = self._sessions.get(session_id)
+            session = self._sessions.get(key)
             if session is None:
                 return False
             session.last_used = self.clock()
-            return self._add_locked(session, conversation, resumed)
+            conflict = self._add_locked(session, conversation, resumed)
+        self._changed(key)
+        return conflict
 
     # --- operator side -------------------------------------------------------------------
 
     def latest(self, session_id: str) -> Conversation:
         """The id's most recently used conversation (what an export takes)."""
+        key = SessionKey.of(session_id)
         with self._lock:
-            session = self._sessions.get(session_id)
+            session = self._sessions.get(key)
             if session is not None and session.in_flight:
                 raise SessionBusy(
-                    f"a turn is in flight on session {session_id!r}; retry after it completes"
+                    f"a turn is in flight on session {key.id!r}; retry after it completes"
                 )
             if session is None or not session.conversations:
-                raise SessionNotFound(f"no live session {session_id!r}")
+                raise SessionNotFound(f"no live session {key.id!r}")
             return session.conversations[-1]
 
     def install(self, session_id: str, conversation: Conversation) -> None:
         """A restored conversation: it replaces the one its tokens continue, else it is
-        added. A new id needs a free session slot."""
+        added. A new id needs a free session slot (in the table and in its namespace)."""
+        key = SessionKey.of(session_id)
         with self._lock:
-            session = self._sessions.get(session_id)
+            session = self._sessions.get(key)
             if session is not None and session.in_flight:
                 raise SessionBusy(
-                    f"a turn is in flight on session {session_id!r}; retry after it completes"
+                    f"a turn is in flight on session {key.id!r}; retry after it completes"
                 )
             if session is None:
-                session = self._new_locked(session_id)
+                session = self._new_locked(key)
             session.last_used = self.clock()
             self._add_locked(
                 session, conversation, _furthest(session.conversations, conversation.tokens)
             )
+        self._changed(key)
 
     def release(self, session_id: str) -> bool:
         """Forget every conversation of the id now; False if it held none."""
+        key = SessionKey.of(session_id)
         with self._lock:
-            self._grace.pop(session_id, None)
-            return self._sessions.pop(session_id, None) is not None
+            self._grace.pop(key, None)
+            released = self._sessions.pop(key, None) is not None
+        if released:
+            self._changed(key)
+        return released
 
     def would_admit(self, session_id: str) -> bool:
+        key = SessionKey.of(session_id)
         with self._lock:
-            return session_id in self._sessions or len(self._sessions) < self.max_sessions
+            return key in self._sessions or self._refusal_locked(key) is None
+
+    def held(self, session_id: str) -> list[Conversation]:
+        """The id's conversations, least recently used first ([] when it holds none)."""
+        key = SessionKey.of(session_id)
+        with self._lock:
+            session = self._sessions.get(key)
+            return list(session.conversations) if session is not None else []
+
+    def owners(self, session_id: str) -> list[SessionKey]:
+        """Every key that holds the bare id `session_id`, one per namespace (an operator's
+        export looks a session up by its id alone)."""
+        with self._lock:
+            return [k for k in self._sessions if str.__eq__(k, session_id)]
 
     # --- watches -------------------------------------------------------------------------
 
     def watch(self, session_id: str) -> None:
         """A liveness hold: the id is not dropped while any watch of it is held."""
+        key = SessionKey.of(session_id)
         with self._lock:
             if sum(self._watches.values()) >= self.max_watches:
                 raise WatchUnavailable(f"the watch table is full ({self.max_watches} watches held)")
-            self._watches[session_id] = self._watches.get(session_id, 0) + 1
-            self._grace.pop(session_id, None)
+            if key.namespace != OPEN:
+                mine = sum(n for k, n in self._watches.items() if k.namespace == key.namespace)
+                if mine >= self.key_max_watches:
+                    raise WatchUnavailable(
+                        f"this API key holds {mine} session watches, its limit "
+                        f"({self.key_max_watches}); close one first"
+                    )
+            self._watches[key] = self._watches.get(key, 0) + 1
+            self._grace.pop(key, None)
 
     def unwatch(self, session_id: str) -> None:
         """A watch closed: the id is dropped after the grace unless watched again."""
+        key = SessionKey.of(session_id)
         with self._lock:
-            held = self._watches.get(session_id, 0) - 1
+            held = self._watches.get(key, 0) - 1
             if held > 0:
-                self._watches[session_id] = held
+                self._watches[key] = held
                 return
-            self._watches.pop(session_id, None)
-            self._grace[session_id] = self.clock() + self.watch_grace_s
+            self._watches.pop(key, None)
+            self._grace[key] = self.clock() + self.watch_grace_s
 
     def watches(self, session_id: str) -> int:
         with self._lock:
-            return self._watches.get(session_id, 0)
+            return self._watches.get(SessionKey.of(session_id), 0)
 
     # --- housekeeping ----------------------------------------------------------------------
 
-    def reap(self) -> list[str]:
+    def reap(self) -> list[SessionKey]:
         """Drop idle ids (past the TTL, or past the grace after their last watch closed),
-        never one with a turn in flight or a watch held. Returns the dropped ids."""
+        never one with a turn in flight or a watch held. Returns the dropped keys."""
         now = self.clock()
         dropped = []
         with self._lock:
-            for sid in [s for s, t in self._grace.items() if now >= t]:
-                session = self._sessions.get(sid)
+            for key in [k for k, t in self._grace.items() if now >= t]:
+                session = self._sessions.get(key)
                 if session is not None and session.in_flight:
                     continue  # released once its turn is over
-                del self._grace[sid]
-                if self._sessions.pop(sid, None) is not None:
-                    dropped.append(sid)
-            for sid, session in list(self._sessions.items()):
-                if session.in_flight or self._watches.get(sid) or sid in self._grace:
+                del self._grace[key]
+                if self._sessions.pop(key, None) is not None:
+                    dropped.append(key)
+            for key, session in list(self._sessions.items()):
+                if session.in_flight or self._watches.get(key) or key in self._grace:
                     continue  # a watch's grace, not the idle TTL, decides for those
                 if now - session.last_used >= self.idle_ttl_s:
-                    del self._sessions[sid]
-                    dropped.append(sid)
+                    del self._sessions[key]
+                    dropped.append(key)
+        for key in dropped:
+            self._changed(key)
         return dropped
 
     def info(self) -> list[SessionInfo]:
         with self._lock:
             return [self._info_locked(s) for s in self._sessions.values()]
 
-    def conversations(self) -> list[tuple[str, Conversation, float, float]]:
-        """Every (session id, conversation, created, last used), for a spill to disk."""
+    def conversations(self) -> list[tuple[SessionKey, Conversation, float, float]]:
+        """Every (session key, conversation, created, last used), for a spill to disk."""
         with self._lock:
             return [
                 (s.session_id, c, s.created, s.last_used)
@@ -276,12 +382,31 @@ class SessionTable:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _new_locked(self, session_id: str) -> _Session:
+    def _changed(self, key: SessionKey) -> None:
+        listener = self.listener
+        if listener is not None:
+            listener(key)
+
+    def _refusal_locked(self, key: SessionKey) -> str | None:
+        """Why a new id `key` cannot have a slot now, or None when it can."""
         if len(self._sessions) >= self.max_sessions:
-            raise SessionCapacity(f"all {self.max_sessions} session slots hold live sessions")
+            return f"all {self.max_sessions} session slots hold live sessions"
+        if key.namespace != OPEN:
+            mine = sum(1 for k in self._sessions if k.namespace == key.namespace)
+            if mine >= self.key_max_sessions:
+                return (
+                    f"this API key holds {mine} live sessions, its limit "
+                    f"({self.key_max_sessions} of the model's {self.max_sessions} slots)"
+                )
+        return None
+
+    def _new_locked(self, key: SessionKey) -> _Session:
+        refusal = self._refusal_locked(key)
+        if refusal is not None:
+            raise SessionCapacity(refusal)
         now = self.clock()
-        session = _Session(session_id, created=now, last_used=now)
-        self._sessions[session_id] = session
+        session = _Session(key, created=now, last_used=now)
+        self._sessions[key] = session
         return session
 
     def _add_locked(self, session: _Session, conversation: Conversation, resumed: Resume) -> bool:
@@ -308,4 +433,5 @@ class SessionTable:
             last_used=s.last_used,
             in_flight=s.in_flight,
             watches=self._watches.get(s.session_id, 0),
+            namespace=s.session_id.namespace,
         )
