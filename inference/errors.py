@@ -91,8 +91,11 @@ async def send_asgi_error(send, status: int, message: str, type: str, headers=()
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def invalid_request(message: str) -> ApiError:
-    return ApiError(400, message, "invalid_request_error")
+def invalid_request(message: str, param: str | None = None) -> ApiError:
+    """400 invalid_request_error; `param`: the field at fault (a path such as
+    `messages[0].content`), when one is named."""
+    extra = {"param": param} if param is not None else None
+    return ApiError(400, message, "invalid_request_error", extra=extra)
 
 
 def method_not_allowed(method: str, allowed: list[str]) -> ApiError:

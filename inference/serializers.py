@@ -338,6 +338,14 @@ def parse_json_object(body: bytes) -> dict:
         )
     if _too_nested(data):
         raise invalid_request(_too_deep())
+    where = lone_surrogate_at(data)
+    if where is not None:
+        path, char = where
+        raise invalid_request(
+            f"{path or 'request body'}: contains a lone UTF-16 surrogate "
+            f"(U+{ord(char):04X}), which is not Unicode text; send well-formed strings",
+            param=path,
+        )
     return data
 
 
@@ -359,6 +367,45 @@ def _too_nested(data: dict) -> bool:
             if isinstance(child, dict | list):
                 stack.append((child, depth + 1))
     return False
+
+
+def lone_surrogate_at(data: dict) -> tuple[str, str] | None:
+    """(the path of the first string, key or value, holding a lone surrogate, e.g.
+    `messages[0].content`, and that code point) or None. JSON text may spell one
+    (`"\\ud800"`); Python keeps it in the str, and no tokenizer or encoder takes it.
+    Iterative, in document order."""
+    stack: list[tuple[object, str]] = [(data, "")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            char = _lone_surrogate(node)
+            if char is not None:
+                return path, char
+            continue
+        children = []
+        if isinstance(node, dict):
+            for key, value in node.items():
+                char = _lone_surrogate(key)
+                if char is not None:  # named as \udXXX: the error itself stays well-formed
+                    key = key.encode("utf-8", "backslashreplace").decode("utf-8")
+                sub = f"{path}.{key}" if path else key
+                if char is not None:
+                    return sub, char
+                children.append((value, sub))
+        elif isinstance(node, list):
+            children = [(value, f"{path}[{i}]") for i, value in enumerate(node)]
+        stack.extend(reversed(children))
+    return None
+
+
+def _lone_surrogate(text: str) -> str | None:
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")  # a paired escape was joined by the parser: any left is lone
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None
 
 
 def _reject_constant(name: str):

@@ -5,13 +5,18 @@ Views validate, call the runtime/engine, render. No tensor or tokenizer code her
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import secrets
+import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -23,6 +28,7 @@ import kernels
 from inference import shutdown
 from inference.engine.decoding.constraints import plan_response_format
 from inference.engine.text.chat_template import ChatTemplateError
+from inference.engine.text.tokenizer import TooManyTokens
 from inference.engine.tools.dialects import CallOpened, parse_tools
 from inference.engine.tools.prompt import call_plan
 from inference.engine.types import (
@@ -34,6 +40,7 @@ from inference.engine.types import (
     Usage,
 )
 from inference.errors import (
+    ApiError,
     api_error_from,
     invalid_request,
     json_response,
@@ -48,6 +55,7 @@ from inference.sse import DONE, EventStreamResponse, sse_data
 from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
+T = TypeVar("T")
 
 
 class HealthView(APIView):
@@ -110,7 +118,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         return shutting_down().response()
     stream = False
     try:
-        chat = validated_chat_request(request.body)
+        # Everything sized by the client (the JSON parse and validation, the tools, the
+        # response_format grammar, the chat template, the tokenizer) runs off the event
+        # loop, in the prepare pool, within PREPARE_TIMEOUT_S.
+        deadline = time.monotonic() + PREPARE_TIMEOUT_S
+        chat = await off_loop(deadline, lambda: validated_chat_request(request.body))
         stream = chat.is_stream
         name, svc = runtime.resolve(chat.validated_data.get("model"))
         # In the caller's key's namespace: another key's session of that id is not reached.
@@ -122,20 +134,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
         enable_thinking = data.get("enable_thinking")
         if enable_thinking is None:
             enable_thinking = not getattr(settings, "PANTHEON_NO_THINK", False)
-        # On the event loop: rendering and tokenizing take milliseconds; the forward
-        # passes run on the engine's own thread.
-        tools = _tools(chat, svc.tool_dialect)
-        try:
-            prompt_ids, think_open = svc.prepare_chat(
-                data["messages"], enable_thinking, tools.specs, tools.dialect
-            )
-        except ChatTemplateError as exc:  # the template refused this conversation
-            raise invalid_request(f"cannot render the chat template: {exc}") from None
-        except ValueError as exc:  # a malformed tool call in the history
-            raise invalid_request(str(exc)) from None
-        plan, format_status = _response_format(chat)
-        if tools.plan is not None:
-            plan = tools.plan
+        tools, prompt_ids, think_open, plan, format_status = await off_loop(
+            deadline, lambda: _prepare(chat, svc, enable_thinking)
+        )
         budget = chat.requested_reasoning_budget()
         if budget is None:
             budget = svc.config.reasoning_budget
@@ -174,6 +175,76 @@ async def chat_completions(request: HttpRequest) -> HttpResponse:
             # The traceback goes to the log, never into the body.
             log.error("chat completion failed", exc_info=exc)
         return error.response()
+
+
+# --- off the event loop --------------------------------------------------------------
+
+# A request's preparation (parse, validate, render, tokenize) must end within this; past
+# it the client gets 413 request_too_large (or 429 server_busy if it never got a worker).
+PREPARE_TIMEOUT_S = 10.0
+PREPARE_WORKERS = 4
+_prepare_pool = ThreadPoolExecutor(
+    max_workers=PREPARE_WORKERS, thread_name_prefix="pantheon-prepare"
+)
+
+
+async def off_loop(deadline: float, work: Callable[[], T]) -> T:
+    """`work()` on the prepare pool, awaited until `deadline` (time.monotonic()). The
+    pool is bounded: a flood of large requests queues there, never on the event loop. A
+    job still queued when its request gives up never starts; one already running cannot
+    be stopped, but ends on its own (every step of it is bounded by a limit)."""
+    started = threading.Event()
+
+    def run() -> T:
+        started.set()
+        return work()
+
+    future = _prepare_pool.submit(run)
+    try:
+        return await asyncio.wait_for(
+            asyncio.wrap_future(future), max(0.0, deadline - time.monotonic())
+        )
+    except TimeoutError:
+        future.cancel()
+        if not started.is_set():
+            raise ApiError(
+                429,
+                f"the server is busy preparing other requests (none started within "
+                f"{PREPARE_TIMEOUT_S:g} s); retry later",
+                "server_busy",
+                headers={"Retry-After": str(math.ceil(PREPARE_TIMEOUT_S))},
+            ) from None
+        raise ApiError(
+            413,
+            f"preparing this request (parsing, the chat template, tokenizing) took longer "
+            f"than {PREPARE_TIMEOUT_S:g} s; send a smaller one",
+            "request_too_large",
+        ) from None
+
+
+def _prepare(chat, svc, enable_thinking: bool) -> tuple:
+    """(tools, prompt ids, think_open, constraint plan, response_format status): the
+    request's CPU work before the engine, on the prepare pool."""
+    tools = _tools(chat, svc.tool_dialect)
+    try:
+        prompt_ids, think_open = svc.prepare_chat(
+            chat.validated_data["messages"], enable_thinking, tools.specs, tools.dialect
+        )
+    except ChatTemplateError as exc:  # the template refused this conversation
+        raise invalid_request(f"cannot render the chat template: {exc}") from None
+    except TooManyTokens as exc:  # refused before tokenizing: certain not to fit
+        raise ApiError(
+            422,
+            f"prompt is at least {exc.at_least} tokens but the context window is "
+            f"{exc.limit} tokens; shorten the conversation and retry",
+            "context_over_budget",
+        ) from None
+    except ValueError as exc:  # a malformed tool call in the history
+        raise invalid_request(str(exc)) from None
+    plan, format_status = _response_format(chat)
+    if tools.plan is not None:
+        plan = tools.plan
+    return tools, prompt_ids, think_open, plan, format_status
 
 
 @dataclass(frozen=True)
@@ -427,9 +498,22 @@ async def _complete(events: AsyncGenerator, completion: _Completion) -> JsonResp
     status = _worst_status(f.response_format_status for f in finishes.values())
     if status:
         body["response_format_status"] = status
-        if status == "schema_downgraded" and completion.format_message:
-            body["response_format_message"] = completion.format_message
+        message = _format_message(
+            completion, status, (f.response_format_message for f in finishes.values())
+        )
+        if message:
+            body["response_format_message"] = message
     return json_response(body)
+
+
+def _format_message(completion: _Completion, status: str | None, messages) -> str:
+    """response_format_message: what a downgraded schema dropped, or why an answer is
+    not_enforced when its check could not finish (it timed out)."""
+    if status == "schema_downgraded":
+        return completion.format_message
+    if status == "not_enforced":
+        return next((m for m in messages if m), "")
+    return ""
 
 
 async def _stream(
@@ -475,6 +559,7 @@ async def _sse_events(
                     choices,
                     event.response_format_status,
                     event.tool_call_errors,
+                    event.response_format_message,
                 )
             else:
                 for chunk in _token_chunks(completion, event):
@@ -526,6 +611,7 @@ def _closing_chunk(
     choices: int,
     format_status: str | None = None,
     call_errors: tuple = (),
+    format_message: str = "",
 ) -> bytes:
     n_status = completion.n_status(choices)
     top = {"n_status": n_status} if n_status else {}
@@ -533,8 +619,9 @@ def _closing_chunk(
         top["tool_call_error"] = tool_call_error_json(call_errors[0])
     if format_status:
         top["response_format_status"] = format_status
-        if format_status == "schema_downgraded" and completion.format_message:
-            top["response_format_message"] = completion.format_message
+        message = _format_message(completion, format_status, (format_message,))
+        if message:
+            top["response_format_message"] = message
     return completion.chunk({}, reason, index=index, **top)
 
 

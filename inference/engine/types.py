@@ -146,6 +146,7 @@ class FinishEvent:
     index: int = 0
     choices: int = 1
     response_format_status: str | None = None
+    response_format_message: str = ""  # why a status is not_enforced (a check timed out)
     tool_calls: tuple = ()  # tool_dialects.ParsedCall: the calls parsed from the answer
     tool_call_errors: tuple = ()  # tool_dialects.CallError: calls started, not finished
 

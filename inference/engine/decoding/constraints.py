@@ -9,17 +9,28 @@ off as conformant.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import re
 import threading
+import time
+import types
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+import jsonschema._keywords
+import jsonschema._legacy_keywords
+import jsonschema._utils
 import llguidance
 import llguidance.numpy as llnp
 import numpy as np
 import referencing
 import referencing.exceptions
+import regex
 from jsonschema.exceptions import best_match
 
 from inference.engine.text.tokenizer import TOKEN_CONTROL
@@ -39,9 +50,17 @@ _COMPILE_DEFAULTS = {
 _STRICT = {"lenient": False, "coerce_one_of": False}
 _LENIENT = {"lenient": True}
 
+# The final answer's schema check (validate_output): all of it within this time, on a pool
+# of its own (check_output_async), never on the engine thread.
+VALIDATION_TIMEOUT_S = 0.5
+VALIDATION_WORKERS = 2
+
+log = logging.getLogger(__name__)
+
 _GRAMMAR_TOKENIZER_ATTR = "_grammar_tokenizer"
 _build_lock = threading.Lock()
 _executor: llguidance.LLExecutor | None = None
+_validation_pool: ThreadPoolExecutor | None = None
 
 
 @dataclass(frozen=True)
@@ -333,20 +352,204 @@ def fill_masks(constraints: list[Constraint | None]) -> list[np.ndarray | None]:
 
 def validate_output(plan: ConstraintPlan, text: str) -> tuple[bool, str]:
     """(True, "") if `text` is JSON valid against plan.schema, else (False, why)."""
+    verdict = check_output(plan, text)
+    return verdict.ok, verdict.why
+
+
+@dataclass(frozen=True)
+class OutputVerdict:
+    ok: bool
+    why: str = ""
+    timed_out: bool = False  # the check ran out of VALIDATION_TIMEOUT_S: not known valid
+
+
+def check_output(
+    plan: ConstraintPlan, text: str, timeout_s: float = VALIDATION_TIMEOUT_S
+) -> OutputVerdict:
+    """`text` checked against plan.schema within `timeout_s` (the whole check: every
+    keyword and every regular expression in it). Safe on any thread: the schema's
+    patterns run in the `regex` engine, which lets go of the GIL while it matches, with
+    a timeout; a check past its time is reported (timed_out), never waited out."""
     if plan.schema is None:
-        return True, ""
+        return OutputVerdict(True)
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        return False, f"output is not valid JSON: {e}"
-    cls = _validator_class(plan.schema)
+        return OutputVerdict(False, f"output is not valid JSON: {e}")
+    except RecursionError:
+        return OutputVerdict(False, "output is nested too deeply to validate")
+    cls, formats = _bounded_validator(_validator_class(plan.schema))
     # An empty registry: a remote $ref is unresolvable here, never fetched.
-    validator = cls(plan.schema, registry=referencing.Registry(), format_checker=cls.FORMAT_CHECKER)
+    validator = cls(plan.schema, registry=referencing.Registry(), format_checker=formats)
+    previous = getattr(_clock, "deadline", None)
+    _clock.deadline = time.monotonic() + timeout_s
     try:
         error = best_match(validator.iter_errors(value))
+    except ValidationTimeout as e:
+        return OutputVerdict(False, f"the schema check of the output timed out: {e}", True)
     except referencing.exceptions.Unresolvable as e:
-        return False, f"schema reference cannot be resolved: {e}"
+        return OutputVerdict(False, f"schema reference cannot be resolved: {e}")
+    except RecursionError:
+        return OutputVerdict(False, "output is nested too deeply to validate")
+    except regex.error as e:
+        return OutputVerdict(False, f"a pattern of the schema cannot be compiled: {e}")
+    finally:
+        _clock.deadline = previous
     if error is None:
-        return True, ""
+        return OutputVerdict(True)
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    return False, f"output does not match the schema at {where}: {error.message}"
+    return OutputVerdict(False, f"output does not match the schema at {where}: {error.message}")
+
+
+def check_output_async(
+    plan: ConstraintPlan, text: str, done: Callable[[OutputVerdict], None]
+) -> None:
+    """check_output on the validation pool (never the caller's thread: the engine's must
+    not wait on a client's schema); `done(verdict)` is called from that pool."""
+    global _validation_pool
+    if _validation_pool is None:
+        with _build_lock:
+            if _validation_pool is None:
+                _validation_pool = ThreadPoolExecutor(
+                    max_workers=VALIDATION_WORKERS, thread_name_prefix="pantheon-validate"
+                )
+
+    def run() -> None:
+        try:
+            verdict = check_output(plan, text)
+        except Exception as e:  # a jsonschema bug must still settle the choice
+            log.exception("validating a response_format answer failed")
+            verdict = OutputVerdict(False, f"the output could not be validated: {e}")
+        done(verdict)
+
+    _validation_pool.submit(run)
+
+
+# --- bounded validation -------------------------------------------------------------
+#
+# jsonschema matches `pattern`, `patternProperties` (also inside additionalProperties and
+# unevaluatedProperties) with Python's `re`, which backtracks without bound while holding
+# the GIL: one hostile pattern froze every thread for seconds. Here every regular
+# expression of a check goes through `regex` (the same syntax as `re`) with the time the
+# check has left, the `regex` format is checked the same way, each keyword looks at the
+# deadline before it runs, and uniqueItems is linear.
+
+
+class ValidationTimeout(Exception):
+    """A schema check ran past its deadline."""
+
+
+_clock = threading.local()  # .deadline: time.monotonic() by which the check must end
+
+
+def _time_left() -> float | None:
+    deadline = getattr(_clock, "deadline", None)
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise ValidationTimeout(f"it took longer than {VALIDATION_TIMEOUT_S:g} s")
+    return left
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> regex.Pattern:
+    return regex.compile(pattern)
+
+
+def bounded_search(pattern: str, string: str) -> regex.Match | None:
+    """`re.search(pattern, string)` within the current check's time (unbounded outside a
+    check). Raises ValidationTimeout, or regex.error for a pattern it cannot compile."""
+    compiled = _compiled(pattern)
+    left = _time_left()
+    try:
+        return compiled.search(string, timeout=left)
+    except TimeoutError:
+        raise ValidationTimeout(
+            f"pattern {_shorten(pattern)!r} took longer than {VALIDATION_TIMEOUT_S:g} s to match"
+        ) from None
+
+
+def _shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+class _BoundedRe(types.ModuleType):
+    """What jsonschema's keyword modules see as `re`: `search` is bounded_search; the
+    rest is the standard module."""
+
+    def __init__(self):
+        super().__init__("re")
+
+    def __getattr__(self, name: str):
+        return getattr(re, name)
+
+    @staticmethod
+    def search(pattern, string, flags=0):
+        if flags or not isinstance(pattern, str) or not isinstance(string, str):
+            return re.search(pattern, string, flags)
+        return bounded_search(pattern, string)
+
+
+# Every jsonschema module that calls re.search on a schema's patterns (a test checks that
+# no other one does).
+_REGEX_USERS = (jsonschema._keywords, jsonschema._utils, jsonschema._legacy_keywords)
+for _module in _REGEX_USERS:
+    _module.re = _BoundedRe()
+
+
+def _is_regex(instance: object) -> bool:
+    if not isinstance(instance, str):
+        return True
+    try:
+        _compiled(instance)
+    except (RecursionError, OverflowError, ValueError) as e:
+        raise regex.error(str(e)) from None
+    return True
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable form under JSON Schema equality (1 == 1.0, true != 1, key order free)."""
+    if isinstance(value, bool) or value is None:
+        return ("c", value)
+    if isinstance(value, int | float):
+        return ("n", value)
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, list):
+        return ("l", tuple(_canonical(v) for v in value))
+    if isinstance(value, dict):
+        return ("d", frozenset((k, _canonical(v)) for k, v in value.items()))
+    return ("o", repr(value))
+
+
+def _unique_items(validator, unique, instance, schema):
+    """jsonschema's uniqueItems, in linear time (its fallback compares every pair)."""
+    if unique and validator.is_type(instance, "array"):
+        seen = set()
+        for item in instance:
+            key = _canonical(item)
+            if key in seen:
+                yield jsonschema.ValidationError(f"{instance!r} has non-unique elements")
+                return
+            seen.add(key)
+
+
+def _bounded(keyword):
+    def check(validator, value, instance, schema):
+        _time_left()
+        return keyword(validator, value, instance, schema)
+
+    return check
+
+
+@functools.cache
+def _bounded_validator(cls: type) -> tuple[type, jsonschema.FormatChecker]:
+    """`cls` whose every keyword first checks the deadline, and its draft's formats with
+    `regex` compiled by the `regex` engine."""
+    keywords = {name: _bounded(fn) for name, fn in cls.VALIDATORS.items()}
+    if "uniqueItems" in keywords:
+        keywords["uniqueItems"] = _bounded(_unique_items)
+    formats = jsonschema.FormatChecker(formats=())
+    formats.checkers = {**cls.FORMAT_CHECKER.checkers, "regex": (_is_regex, regex.error)}
+    return jsonschema.validators.extend(cls, keywords), formats

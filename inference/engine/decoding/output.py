@@ -13,10 +13,12 @@ response_format status (the final answer is validated against the schema).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..text.tokenizer import Tokenizer
 from ..tools.dialects import ArgumentsDelta, CallOpened, TextDelta
 from ..types import GenerationRequest, TokenEvent, TokenLogprob
-from .constraints import validate_output
+from .constraints import OutputVerdict, check_output_async
 from .reasoning import THINK_CLOSE, ReasoningBudget, ReasoningSplitter
 from .repetition import LoopDetector
 from .sampler import Sample
@@ -158,17 +160,28 @@ class ChoiceOutput:
         deltas = tuple(e for e in events if isinstance(e, CallOpened | ArgumentsDelta))
         return text, deltas
 
-    def format_status(self) -> str | None:
-        """response_format_status: the static one, or for an enforced format whether the
-        final answer really is a valid value of it."""
+    def settle_format(self, done: Callable[[str | None, str], None]) -> None:
+        """Call `done(response_format_status, message)`: the static status, or for an
+        enforced format whether the final answer really is a valid value of it. Without a
+        schema to check, at once on this thread; else from the validation pool once the
+        check ends (it is bounded in time; the engine thread never waits on it). A check
+        that ran out of time is `not_enforced`, and the message says so."""
         status = self.request.format_status
         plan = self.request.constraint
-        if status not in APPLIED_STATUSES or plan is None:
-            return status
+        if status not in APPLIED_STATUSES or plan is None or plan.schema is None:
+            done(status, "")
+            return
         if self.state.grammar_failed:
-            return "not_enforced"
-        ok, _ = validate_output(plan, "".join(self.content))
-        return status if ok else "not_enforced"
+            done("not_enforced", "")
+            return
+
+        def settled(verdict: OutputVerdict) -> None:
+            if verdict.ok:
+                done(status, "")
+            else:
+                done("not_enforced", verdict.why if verdict.timed_out else "")
+
+        check_output_async(plan, "".join(self.content), settled)
 
     def _logprobs(self, token_id: int) -> tuple[TokenLogprob, ...]:
         sample: Sample | None = self.state.last

@@ -187,6 +187,8 @@ class Scheduler:
         self._group_ids = itertools.count(1)
         self._seq_ids = itertools.count(1)
         self._freed: list[int] = []
+        self.mean_sequence_steps = 0.0  # of the finished sequences (steps_until_admitted)
+        self._finished_sequences = 0
 
     # --- the HTTP side -------------------------------------------------------------------
 
@@ -383,6 +385,20 @@ class Scheduler:
             best = steps if best is None else min(best, steps)
         return best or 1
 
+    def steps_until_admitted(self) -> int:
+        """Steps before a request arriving now would likely hold a slot: until the first
+        slot frees (steps_until_a_slot_frees), then one turnover of the served slots for
+        every `served_slots` requests already queued ahead of it. A turnover is what a
+        sequence measurably takes (the mean over the ones that finished), at least the
+        steps until the first slot frees."""
+        first = self.steps_until_a_slot_frees()
+        ahead = len(self._waiting)
+        if not ahead:
+            return first
+        rounds = -(-ahead // self.served_slots)
+        turnover = max(first, 1, round(self.mean_sequence_steps))
+        return first + rounds * turnover
+
     # --- internals -----------------------------------------------------------------------
 
     def _queued_behind(self, need: int) -> int:
@@ -437,6 +453,7 @@ class Scheduler:
         if done:
             self._running.pop(group.group_id, None)
         kv_used = min(len(group.prompt) + seq.n_out, self.context_window)
+        self._measure(group, seq)
         return Finished(
             group_id=group.group_id,
             seq_id=seq.seq_id,
@@ -452,6 +469,14 @@ class Scheduler:
             kv_written=len(group.prompt) + max(0, seq.n_out - (0 if fed_last else 1)),
             slot=slot,
         )
+
+    def _measure(self, group: _Group, seq: _Seq) -> None:
+        """The running mean of a finished sequence's steps (its prefill chunks and its
+        tokens), for steps_until_admitted."""
+        steps = -(-(len(group.prompt) - group.cached) // self.prefill_chunk) + seq.n_out
+        self._finished_sequences += 1
+        weight = max(1 / self._finished_sequences, 0.1)  # the mean, then the recent ones
+        self.mean_sequence_steps += weight * (steps - self.mean_sequence_steps)
 
     def _release(self, seq: _Seq) -> None:
         self._seqs.pop(seq.seq_id, None)

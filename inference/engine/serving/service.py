@@ -370,7 +370,9 @@ class ModelService:
         return GrammarTokenizer.for_tokenizer(self.tokenizer)
 
     def _encode_prompt(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text)
+        # A text certain to overflow the configured window is refused untokenized
+        # (Tokenizer.TooManyTokens): a huge prompt costs no tokenizer time.
+        ids = self.tokenizer.encode(text, limit=self.context_window_configured)
         bos = self.tokenizer.bos_id
         if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
@@ -477,9 +479,10 @@ class ModelService:
             return self._retry_after_locked()
 
     def _retry_after_locked(self) -> int:
-        """Seconds until a slot is likely free: the scheduler's step bound times the
-        measured step time, between 1 and 30."""
-        steps = self.scheduler.steps_until_a_slot_frees()
+        """Seconds until a request arriving now would likely get a slot: the scheduler's
+        estimate (until a slot frees, plus a turnover of the slots per `served_slots`
+        requests queued ahead) times the measured step time, between 1 and 30."""
+        steps = self.scheduler.steps_until_admitted()
         step_s = self.stats.decode_step_s or 0.05
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(steps * step_s)))
 
@@ -724,15 +727,19 @@ class ModelService:
             session_conflict=conflict,
             reasoning_tokens=ch.out.reasoning_tokens,
         )
-        ch.req.emit(
-            FinishEvent(
-                finish_reason=reason,
-                usage=usage,
-                index=ch.index,
-                choices=event.choices,
-                response_format_status=ch.out.format_status(),
-                tool_calls=ch.out.parsed_calls,
-                tool_call_errors=ch.out.call_errors,
+        finish = FinishEvent(
+            finish_reason=reason,
+            usage=usage,
+            index=ch.index,
+            choices=event.choices,
+            tool_calls=ch.out.parsed_calls,
+            tool_call_errors=ch.out.call_errors,
+        )
+        # The answer's schema check (response_format) runs off this thread: the finish
+        # leaves once it is settled, at once when there is nothing to check.
+        ch.out.settle_format(
+            lambda status, message: ch.req.emit(
+                replace(finish, response_format_status=status, response_format_message=message)
             )
         )
 

@@ -155,6 +155,15 @@ def _token_bytes(text: str, token_type: int) -> bytes:
         return text.encode("utf-8")  # a vocab entry outside the byte alphabet
 
 
+class TooManyTokens(Exception):
+    """A text certain to exceed a token limit (Tokenizer.encode's `limit`)."""
+
+    def __init__(self, at_least: int, limit: int):
+        self.at_least = at_least
+        self.limit = limit
+        super().__init__(f"the text is at least {at_least} tokens; the limit is {limit}")
+
+
 class Tokenizer:
     """A GGUF vocabulary: encode text to ids, decode ids to text or raw bytes."""
 
@@ -210,6 +219,20 @@ class Tokenizer:
         ]
         hf.add_special_tokens(specials)
         self.hf = hf
+        # For min_tokens: the most characters one token can cover (each is at least one of
+        # its bytes), 0 when unknown text can fold into one token; and the characters the
+        # tokenizer drops (a byte-level vocabulary without their byte gives them no token).
+        self._max_piece = max((len(b) for b in self._bytes), default=0)
+        self._dropped: tuple[str, ...] = ()
+        if model == "llama":  # unknown text falls back to the <0xAB> pieces, if all exist
+            byte_pieces = {t for t, k in zip(tokens, types, strict=True) if k == TOKEN_BYTE}
+            if not all(f"<0x{b:02X}>" in byte_pieces for b in range(256)):
+                self._max_piece = 0
+        else:
+            missing = {b for c, b in _UNICODE_TO_BYTE.items() if c not in vocab}
+            if any(0x80 <= b < 0xC0 for b in missing):  # a whole character could vanish
+                self._max_piece = 0
+            self._dropped = tuple(chr(b) for b in sorted(missing) if b < 0x80)
         self.special_ids = frozenset(
             i for i, k in enumerate(types) if k in (TOKEN_CONTROL, TOKEN_USER_DEFINED)
         )
@@ -281,17 +304,34 @@ class Tokenizer:
             extra_end_ids=[i for i in extra_ends if i is not None],
         )
 
-    def encode(self, text: str, add_special: bool = False) -> list[int]:
+    def encode(self, text: str, add_special: bool = False, limit: int | None = None) -> list[int]:
         """Token ids for `text`; special tokens written in it are recognised.
 
-        `add_special` adds BOS (and EOS) only where the GGUF asks for them.
+        `add_special` adds BOS (and EOS) only where the GGUF asks for them. `limit`: raise
+        TooManyTokens, without tokenizing, when `text` is certain to be longer than that
+        many tokens (min_tokens). The Rust tokenizer runs without the GIL (encode_batch
+        releases it; encode would hold it for the whole text).
         """
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if limit is not None:
+            at_least = self.min_tokens(text)
+            if at_least > limit:
+                raise TooManyTokens(at_least, limit)
+        ids = self.hf.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
         return ids
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), without tokenizing: no token covers more
+        characters than it has bytes, so the text needs at least its length (less the
+        characters the vocabulary drops) / the longest token's bytes. 0 (no bound) for a
+        vocabulary that can fold unknown text into one token."""
+        if not self._max_piece:
+            return 0
+        covered = len(text) - sum(text.count(c) for c in self._dropped)
+        return -(-covered // self._max_piece)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`, special tokens included as their text."""
