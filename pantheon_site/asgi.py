@@ -25,6 +25,14 @@ from pantheon_site import daphne_hooks  # noqa: E402
 # shape for malformed requests, Daphne's and Twisted's access logs off (daphne_hooks.py).
 daphne_hooks.install()
 
+from django.conf import settings  # noqa: E402
+
+from kernels import threads  # noqa: E402
+
+# The engine owns the cores: one BLAS pool of PANTHEON_THREADS for every model, malloc
+# arenas capped, before any model loads or server thread starts (kernels/threads.py).
+threads.configure(settings.PANTHEON_THREADS)
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 from inference.runtime import runtime  # noqa: E402

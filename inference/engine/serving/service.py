@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kernels import threads
+
 from ..decoding.constraints import Constraint, GrammarTokenizer
 from ..decoding.output import ChoiceOutput
 from ..decoding.reasoning import is_think_template, thinking_prompt_suffix
@@ -226,6 +228,7 @@ class ModelService:
         self._draining = False
         self._ladder_moved = False
         self._last_poll = 0.0
+        self._trim_due = False  # work ran since the last malloc_trim
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
         self._thread.start()
 
@@ -601,6 +604,8 @@ class ModelService:
             self.kv.release(slot)
         self._deliver(refused)
         if batch.empty:
+            if self._trim_due:  # idle after work: hand freed heap pages back (kernels/threads)
+                self._trim_due = not threads.trim()
             self._wake.wait(IDLE_WAIT_S)
             self._wake.clear()
             return
@@ -612,6 +617,7 @@ class ModelService:
             self._fail(batch, GenerationFailed(f"generation failed: {type(exc).__name__}"))
             return
         self._note_times()
+        self._trim_due = True
         with self._lock:
             events = self.scheduler.update(batch, sampled)
         self._deliver(events)
