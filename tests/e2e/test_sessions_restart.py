@@ -78,8 +78,9 @@ def test_a_session_survives_a_graceful_restart(tmp_path_factory, smollm2_path):
         cold = chat(srv, turn_2)
         assert cached(cold) == 0 and answer(second) == answer(cold)
 
-        # The garbage file was moved aside with its reason; the good one is in memory.
-        assert sorted(p.name for p in folder.glob("*" + SUFFIX)) == []
+        # The garbage file was moved aside with its reason; the good one is in memory, and
+        # stays on disk (a kill now would still find it).
+        assert sorted(p.name for p in folder.glob("*" + SUFFIX)) == spilled
         assert (folder / REJECTED_DIR / garbage).is_file()
         reason = (folder / REJECTED_DIR / f"{garbage}.reason.txt").read_text()
         assert "BadSessionBlob" in reason
