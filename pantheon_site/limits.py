@@ -9,9 +9,9 @@ reading (it answers nothing to a request whose client is gone). So Django never 
 than a route's limit, and never a truncated body. A malformed or repeated Content-Length is
 a 400.
 
-(Daphne, like Twisted under it, reads a whole request body before it calls the ASGI
-application, spilling past 100 KB to a temporary file: this layer keeps a large body from
-being parsed, not from being uploaded.)
+Under Daphne the same limit is applied earlier, once the headers are in and before the
+body is stored (pantheon_site/daphne_hooks.py: Twisted would spool it to a temporary
+file first); this layer is the one other ASGI servers and the tests meet.
 """
 
 from __future__ import annotations
