@@ -52,7 +52,7 @@ _LENIENT = {"lenient": True}
 
 # The final answer's schema check (validate_output): all of it within this time, on a pool
 # of its own (check_output_async), never on the engine thread.
-VALIDATION_TIMEOUT_S = 0.5
+VALIDATION_TIMEOUT_S = 0.25
 VALIDATION_WORKERS = 2
 
 log = logging.getLogger(__name__)
