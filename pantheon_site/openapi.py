@@ -87,11 +87,13 @@ _ERROR = _object(
                     "unsupported_media_type, ...",
                 },
                 "code": _nullable(STRING),
+                "param": STRING,
             },
             ("message", "type", "code"),
             additionalProperties=True,
             description="Some types add fields, e.g. a streamed context_over_budget "
-            "carries kv_used and kv_cap.",
+            "carries kv_used and kv_cap; a 400 about one field names it in param "
+            "(e.g. messages[0].content holding a lone surrogate).",
         )
     },
     ("error",),
