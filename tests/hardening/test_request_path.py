@@ -220,6 +220,22 @@ def test_the_regex_format_is_checked_by_the_bounded_engine(text, ok):
     assert check_output(plan, text).ok is ok
 
 
+# The `regex` engine unrolls counted repeats when it compiles: one more level of this
+# would take it minutes (its timeout bounds matching only).
+HUGE = "(?:(?:a{1000}){1000}){1000}"
+
+
+@pytest.mark.parametrize(
+    "schema,text",
+    [({"pattern": HUGE}, '"a"'), ({"type": "string", "format": "regex"}, json.dumps(HUGE))],
+    ids=["pattern", "format-regex"],
+)
+def test_a_pattern_too_large_to_compile_is_reported_not_compiled(schema, text):
+    verdict = check_output(schema_plan(schema), text)
+    assert verdict.timed_out and not verdict.ok
+    assert "too large to check" in verdict.why
+
+
 def test_a_deeply_nested_answer_is_reported_not_raised():
     verdict = check_output(schema_plan({"type": "array"}), "[" * 100_000 + "]" * 100_000)
     assert not verdict.ok

@@ -13,6 +13,8 @@ import functools
 import json
 import logging
 import re
+import re._constants as sre  # Python's own regex parser: sizes a pattern before compiling
+import re._parser as sre_parser
 import threading
 import time
 import types
@@ -360,7 +362,8 @@ def validate_output(plan: ConstraintPlan, text: str) -> tuple[bool, str]:
 class OutputVerdict:
     ok: bool
     why: str = ""
-    timed_out: bool = False  # the check ran out of VALIDATION_TIMEOUT_S: not known valid
+    timed_out: bool = False  # the check could not finish (out of time, or a pattern too
+    # large to compile): the answer is not known to be valid
 
 
 def check_output(
@@ -386,7 +389,7 @@ def check_output(
     try:
         error = best_match(validator.iter_errors(value))
     except ValidationTimeout as e:
-        return OutputVerdict(False, f"the schema check of the output timed out: {e}", True)
+        return OutputVerdict(False, str(e), True)
     except referencing.exceptions.Unresolvable as e:
         return OutputVerdict(False, f"schema reference cannot be resolved: {e}")
     except RecursionError:
@@ -436,7 +439,8 @@ def check_output_async(
 
 
 class ValidationTimeout(Exception):
-    """A schema check ran past its deadline."""
+    """A schema check that cannot finish: past its deadline, or a pattern too large to
+    compile. The message says which."""
 
 
 _clock = threading.local()  # .deadline: time.monotonic() by which the check must end
@@ -448,13 +452,78 @@ def _time_left() -> float | None:
         return None
     left = deadline - time.monotonic()
     if left <= 0:
-        raise ValidationTimeout(f"it took longer than {VALIDATION_TIMEOUT_S:g} s")
+        raise ValidationTimeout(
+            f"the schema check timed out: it took longer than {VALIDATION_TIMEOUT_S:g} s"
+        )
     return left
 
 
-@functools.lru_cache(maxsize=256)
+# A pattern whose repeats, counted out, pass this many positions is not compiled: the
+# `regex` engine unrolls counted repeats, so `(?:a{1000}){1000}` takes it half a second
+# and a third level minutes (its timeout bounds matching, not compiling).
+MAX_PATTERN_POSITIONS = 100_000
+_CACHED_PATTERN_CHARS = 4096  # longer patterns are compiled per check, not kept
+
+
 def _compiled(pattern: str) -> regex.Pattern:
+    if len(pattern) <= _CACHED_PATTERN_CHARS:
+        return _compiled_cached(pattern)
+    return _compile_pattern(pattern)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_cached(pattern: str) -> regex.Pattern:
+    return _compile_pattern(pattern)
+
+
+def _compile_pattern(pattern: str) -> regex.Pattern:
+    if _positions(pattern) > MAX_PATTERN_POSITIONS:
+        raise ValidationTimeout(
+            f"the schema check could not finish: pattern {_shorten(pattern)!r} is too "
+            f"large to check (over {MAX_PATTERN_POSITIONS} positions once its repeats "
+            "are counted)"
+        )
     return regex.compile(pattern)
+
+
+_REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
+
+
+def _positions(pattern: str) -> int:
+    """How many positions `pattern` spans with its counted repeats unrolled (capped just
+    past MAX_PATTERN_POSITIONS), from Python's own parse of it; a pattern Python cannot
+    parse counts as its length (`regex` compiles what it can of it, or refuses it)."""
+    try:
+        parsed = sre_parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return len(pattern)
+
+    def size(items) -> int:
+        total = 0
+        for op, av in items:
+            if op in _REPEATS:
+                low, high, sub = av
+                total += max(1, low if high == sre.MAXREPEAT else high) * size(sub)
+            elif op is sre.SUBPATTERN:
+                total += size(av[-1])
+            elif op is sre.BRANCH:
+                total += sum(size(branch) for branch in av[1])
+            elif op in (sre.ASSERT, sre.ASSERT_NOT):
+                total += size(av[1])
+            elif op is sre.ATOMIC_GROUP:
+                total += size(av)
+            elif op is sre.GROUPREF_EXISTS:
+                total += size(av[1]) + (size(av[2]) if av[2] else 0)
+            else:
+                total += 1
+            if total > MAX_PATTERN_POSITIONS:
+                return MAX_PATTERN_POSITIONS + 1
+        return total
+
+    try:
+        return size(parsed.data)
+    except RecursionError:
+        return MAX_PATTERN_POSITIONS + 1
 
 
 def bounded_search(pattern: str, string: str) -> regex.Match | None:
@@ -466,7 +535,8 @@ def bounded_search(pattern: str, string: str) -> regex.Match | None:
         return compiled.search(string, timeout=left)
     except TimeoutError:
         raise ValidationTimeout(
-            f"pattern {_shorten(pattern)!r} took longer than {VALIDATION_TIMEOUT_S:g} s to match"
+            f"the schema check timed out: pattern {_shorten(pattern)!r} took longer than "
+            f"{VALIDATION_TIMEOUT_S:g} s to match"
         ) from None
 
 
