@@ -233,11 +233,14 @@ def _prepare(chat, svc, enable_thinking: bool) -> tuple:
     except ChatTemplateError as exc:  # the template refused this conversation
         raise invalid_request(f"cannot render the chat template: {exc}") from None
     except TooManyTokens as exc:  # refused before tokenizing: certain not to fit
+        # As a ContextOverBudget (api_error_from): a stream's error carries the numbers.
+        extra = {"kv_used": exc.at_least, "kv_cap": exc.limit} if chat.is_stream else None
         raise ApiError(
             422,
             f"prompt is at least {exc.at_least} tokens but the context window is "
             f"{exc.limit} tokens; shorten the conversation and retry",
             "context_over_budget",
+            extra=extra,
         ) from None
     except ValueError as exc:  # a malformed tool call in the history
         raise invalid_request(str(exc)) from None

@@ -351,14 +351,18 @@ def test_a_text_certain_to_overflow_is_refused_untokenized(smollm2_tokenizer, mo
 
 
 @pytest.mark.anyio
-async def test_a_30_mb_prompt_is_refused_before_tokenizing(client, served):
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_30_mb_prompt_is_refused_before_tokenizing(client, served, stream):
     content = "hello world " * (30_000_000 // 12)
-    body = json.dumps({"messages": [{"role": "user", "content": content}]}).encode()
-    response = await post(client, body)
+    body = {"messages": [{"role": "user", "content": content}], "stream": stream}
+    response = await post(client, json.dumps(body).encode())
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["type"] == "context_over_budget" and error["code"] is None
     assert error["message"].startswith("prompt is at least ")
+    if stream:  # the numbers, as a streamed context_over_budget carries them
+        assert error["kv_cap"] == served.services()[NAME].context_window_configured
+        assert error["kv_used"] > error["kv_cap"]
 
 
 @pytest.mark.anyio
