@@ -14,15 +14,24 @@ import numpy as np
 
 
 class KVCache:
-    def __init__(self, n_layer: int, n_slots: int, n_kv_head: int, n_ctx: int, head_dim: int):
+    def __init__(
+        self,
+        n_layer: int,
+        n_slots: int,
+        n_kv_head: int,
+        n_ctx: int,
+        head_dim: int,
+        dtype: np.dtype | type = np.float32,
+    ):
         shape = (n_layer, n_slots, n_kv_head, n_ctx, head_dim)
-        n_bytes = int(np.prod(shape)) * 4
+        self.dtype = np.dtype(dtype)
+        n_items = int(np.prod(shape))
+        n_bytes = n_items * self.dtype.itemsize
         # Private, so that MADV_DONTNEED really frees (a shared anonymous map keeps the data).
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
         self._maps = [mmap.mmap(-1, max(n_bytes, 1), flags=flags) for _ in range(2)]
         self.k, self.v = (
-            np.frombuffer(m, dtype=np.float32, count=n_bytes // 4).reshape(shape)
-            for m in self._maps
+            np.frombuffer(m, dtype=self.dtype, count=n_items).reshape(shape) for m in self._maps
         )
         self.n_ctx = n_ctx
         self.n_slots = n_slots
@@ -77,7 +86,7 @@ class KVCache:
             return 0
         self._high_water[slot] = 0
         n_layer, _, n_kv_head, n_ctx, head_dim = self.k.shape
-        row = head_dim * 4  # bytes per position
+        row = head_dim * self.dtype.itemsize  # bytes per position
         slot_bytes = n_kv_head * n_ctx * row
         page = mmap.PAGESIZE
         released = 0
@@ -95,7 +104,7 @@ class KVCache:
 
     def bytes_per_token(self) -> int:
         n_layer, _, n_kv_head, _, head_dim = self.k.shape
-        return 2 * n_layer * n_kv_head * head_dim * 4
+        return 2 * n_layer * n_kv_head * head_dim * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:

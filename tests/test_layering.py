@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -29,3 +30,43 @@ def test_engine_and_kernels_import_without_django():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"engine imports pull in: {result.stdout.strip()}"
+
+
+# --- the kernel seam -------------------------------------------------------------------
+ENGINE = REPO_ROOT / "inference"
+MODELS = ENGINE / "engine" / "models"
+# What the engine may import from kernels/: the seam, never a particular backend.
+SEAM_MODULES = {"kernels", "kernels.backend", "kernels.weights"}
+# What the shared block may still ask of numpy: index arrays, not weight math.
+BLOCK_NUMPY = {"arange", "asarray", "int64", "ndarray"}
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_engine_reaches_kernels_only_through_the_seam():
+    for path in ENGINE.rglob("*.py"):
+        used = {m for m in _imports(ast.parse(path.read_text())) if m.split(".")[0] == "kernels"}
+        assert used <= SEAM_MODULES, f"{path.relative_to(REPO_ROOT)} imports {used - SEAM_MODULES}"
+
+
+def test_no_model_file_does_weight_math():
+    for path in MODELS.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        where = path.relative_to(REPO_ROOT)
+        assert not any(isinstance(n, ast.MatMult) for n in ast.walk(tree)), f"{where} uses @"
+        numpy_attrs = {
+            n.attr
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "np"
+        }
+        assert numpy_attrs <= BLOCK_NUMPY, f"{where} calls numpy's {numpy_attrs - BLOCK_NUMPY}"
+        if not path.name.startswith("_"):  # an architecture only declares: spec + load
+            assert _imports(tree) <= {"__future__"}, f"{where} imports {_imports(tree)}"

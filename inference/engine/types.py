@@ -42,6 +42,8 @@ class ModelConfig:
     # once. 0: half of max_sessions / max_watches, at least 1.
     key_max_sessions: int = 0
     key_max_watches: int = 0
+    # The compute backend the weights live on and run through (kernels.BACKENDS).
+    backend: str = "numpy"
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def test_gemma3_greedy_decode_equals_the_float32_reference(gemma3, gemma3_f32):
 def test_sliding_window_attention_hides_keys_beyond_the_window():
     """A sliding-window layer's output for the last token must not change when a token
     further back than the window changes; a global layer's must."""
-    from inference.engine.models._common import attend
+    from kernels.numpy_backend import attend
 
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 4, 8)).astype(np.float32)
@@ -106,3 +106,19 @@ def test_sliding_window_attention_hides_keys_beyond_the_window():
     full = [attend(q, k, values, 19, 0.3) for k in (keys, changed)]
     np.testing.assert_array_equal(local[0], local[1])
     assert not np.allclose(full[0], full[1])
+
+
+def test_the_decode_attention_sees_the_same_window_as_the_prefill():
+    """The batched decode path slices the window where prefill masks it: same result."""
+    from kernels.numpy_backend import NumpyBackend, attend
+
+    be = NumpyBackend()
+    rng = np.random.default_rng(1)
+    kv = be.make_kv_cache(1, 1, 1, 32, 8)
+    k = rng.standard_normal((20, 1, 8)).astype(np.float32)
+    v = rng.standard_normal((20, 1, 8)).astype(np.float32)
+    q = rng.standard_normal((20, 4, 8)).astype(np.float32)
+    be.attention_prefill(q[:19], k[:19], v[:19], kv, 0, 0, 0, 0.3, window=8)
+    one = be.attention_decode(q[19:], k[19:], v[19:], kv, 0, [0], np.array([19]), 0.3, window=8)
+    keys, values = kv.view(0, 0, 20)
+    np.testing.assert_allclose(one, attend(q[19:], keys, values, 19, 0.3, window=8), atol=1e-6)

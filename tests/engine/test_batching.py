@@ -253,14 +253,16 @@ def test_memory_pressure_lowers_the_served_numbers_and_refuses_what_no_longer_fi
         svc.close()
 
 
-def test_an_architecture_without_a_batched_pass_is_served_row_by_row():
+def test_a_qwen2_service_shares_decode_passes_and_answers_as_alone():
     path = Path(__file__).resolve().parents[1] / "reference" / "tiny" / "tiny-qwen2.gguf"
     if not path.is_file():
         pytest.skip("tests/reference/tiny/tiny-qwen2.gguf is not in this checkout")
     from inference.engine.serving.service import ModelService
 
     svc = ModelService.load(ModelConfig(name="qwen", path=str(path), max_concurrent=4))
-    assert not hasattr(svc.model, "forward_decode")
+    rows: list[int] = []
+    decode = svc.runner._decode
+    svc.runner._decode = lambda batch: rows.append(len(batch)) or decode(batch)
     params = SamplingParams(temperature=1.0, seed=5, max_tokens=8)
     prompts = [[1, 2, 3, 4 + i] for i in range(4)]
 
@@ -270,5 +272,6 @@ def test_an_architecture_without_a_batched_pass_is_served_row_by_row():
     try:
         alone = [asyncio.run(collect(svc, p, params)) for p in prompts]
         assert asyncio.run(together()) == alone
+        assert max(rows) == 4, rows  # the four streams really shared decode passes
     finally:
         svc.close()

@@ -141,6 +141,13 @@ class GGUFFile:
         shape = tuple(int(n) for n in reversed(t.shape.tolist()))
         return np.ascontiguousarray(arr.reshape(shape))
 
+    def load_blocks(self, name: str) -> np.ndarray:
+        """A matrix's bytes as the file holds them: (rows, bytes per row) uint8, memory-
+        mapped from the file (no copy)."""
+        t = self._reader_tensors[name]
+        rows = int(np.prod(t.shape.tolist()[1:]))
+        return np.asarray(t.data).view(np.uint8).reshape(rows, -1)
+
     @property
     def weights_version(self) -> str:
         """Content hash of the file (sha256, first 16 hex digits): same bytes, same version."""

@@ -223,11 +223,6 @@ class WeightCache:
             total -= sizes[folder]
             log.info("weight cache: evicted %s (%.0f MB)", folder.name, sizes[folder] / 1e6)
 
-    def touch(self) -> None:
-        """Mark this folder recently used (eviction is by mtime)."""
-        if self.dir.exists():
-            os.utime(self.dir)
-
 
 def _remove_abandoned_staging(root: Path) -> None:
     """Delete staging folders whose writer is gone (a process killed mid-build): they are

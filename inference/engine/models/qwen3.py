@@ -1,7 +1,12 @@
-"""GGUF `qwen3`: the qwen2 block without Q/K/V biases, with QK-norm (handled in qwen2.py,
-which reads both from the file); head_dim comes from `attention.key_length`."""
+"""GGUF `qwen3`: the qwen2 block without Q/K/V biases, with QK-norm (a per-head RMSNorm of
+queries and keys before RoPE); head_dim comes from `attention.key_length`."""
 
-from .qwen2 import Qwen2Model as Qwen3Model
-from .qwen2 import load
+from __future__ import annotations
 
-__all__ = ["Qwen3Model", "load"]
+from ._block import ArchSpec, DecoderModel, load_decoder
+
+SPEC = ArchSpec(neox_rope=True, activation="silu", qk_norm="required")
+
+
+def load(gf, progress=None, cache=None, backend=None) -> DecoderModel:
+    return load_decoder(gf, SPEC, progress, cache, backend)

@@ -2,8 +2,8 @@
 
 Each prefill chunk is its own forward pass on its sequence's slot (chunk boundaries are
 fixed per prompt, so a prompt is computed the same way whatever else runs); all decode
-rows go through one batched pass (`forward_decode`, batch invariant; one pass per row for
-an architecture without it). Each sequence
+rows go through one batched pass (`forward_decode`, batch invariant, every architecture).
+Each sequence
 chooses its token through its own DecodeState (decoding/state.py: forced tokens, grammar mask,
 its own sampler and RNG), so its random stream does not depend on its neighbours.
 """
@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-
-from kernels.kv_cache import KVCache
 
 from ..decoding.state import DecodeState, choose_rows
 from .scheduler import Batch
@@ -33,7 +31,8 @@ class StepTimes:
 
 
 class Runner:
-    def __init__(self, model, kv: KVCache):
+    def __init__(self, model, kv):
+        # kv: the KV cache the model's backend made (model.make_kv_cache)
         self.model = model
         self.kv = kv
         self.last = StepTimes()
@@ -72,17 +71,10 @@ class Runner:
         return sampled
 
     def _decode(self, rows) -> np.ndarray:
-        """Logits (B, V) of one decode step. An architecture without a batched pass
-        (`forward_decode`) runs the rows one by one: each still exactly as alone, without
-        the throughput of a shared pass."""
-        forward_decode = getattr(self.model, "forward_decode", None)
-        if forward_decode is not None:
-            return forward_decode(
-                [r.token_id for r in rows],
-                [r.position for r in rows],
-                [r.slot for r in rows],
-                self.kv,
-            )
-        return np.stack(
-            [self.model.forward(np.array([r.token_id]), r.position, self.kv, r.slot) for r in rows]
+        """Logits (B, V) of one decode step: all rows in one batched pass."""
+        return self.model.forward_decode(
+            [r.token_id for r in rows],
+            [r.position for r in rows],
+            [r.slot for r in rows],
+            self.kv,
         )

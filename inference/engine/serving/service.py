@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kernels import threads
+from kernels import get_backend, threads
 
 from ..decoding.constraints import Constraint, GrammarTokenizer
 from ..decoding.output import ChoiceOutput
@@ -186,7 +186,7 @@ class ModelService:
         self.created = int(time.time())
         self.load_seconds = 0.0  # set by load()
         self.weight_cache_used = False
-        self.on_accelerator = False
+        self.on_accelerator = model.backend.on_accelerator
         self.stats = EngineStats()
         n_ctx_train = model.hp.n_ctx_train
         cap = config.ctx_cap if config.ctx_cap > 0 else min(n_ctx_train, DEFAULT_CTX_CAP)
@@ -270,7 +270,11 @@ class ModelService:
                     )
                 except ChatTemplateError as exc:
                     raise ModelLoadError(f"{config.name}: chat_template: {exc}") from exc
-            model = arch.load(gf, progress, cache)
+            try:
+                backend = get_backend(config.backend)
+            except ValueError as exc:
+                raise ModelLoadError(f"{config.name}: {exc}") from None
+            model = arch.load(gf, progress, cache, backend=backend)
         svc = cls(config, gf, model, tokenizer, template)
         svc.load_seconds = round(time.perf_counter() - t0, 3)
         svc.weight_cache_used = cache is not None and cache.used

@@ -1,0 +1,108 @@
+"""TensorSource: where an architecture gets its weights, in the form its backend wants."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from kernels.backend import BLOCKS, Backend
+from kernels.weights import Weight
+
+from ..types import ModelLoadError
+from .gguf_file import GGUFFile
+from .weight_cache import WeightCache
+
+
+class TensorSource:
+    """Tensors of one GGUF handed to a backend. A matrix is stored as the backend asks
+    (`Backend.storage_for`): the file's blocks as they are, or float32 values —
+    dequantised from the GGUF, or memory-mapped from the weight cache when a valid entry
+    exists. Fused matrices (q/k/v, gate/up) are cached whole, so a cached load never
+    dequantises anything."""
+
+    def __init__(
+        self,
+        gf: GGUFFile,
+        backend: Backend,
+        progress: Callable[[int, int], None] | None = None,
+        cache: WeightCache | None = None,
+    ):
+        self.gf = gf
+        self.backend = backend
+        self.progress = progress
+        self.cache = cache
+        self.total = len(gf.tensors)
+        self.done = 0
+
+    def has(self, name: str) -> bool:
+        return self.gf.has_tensor(name)
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total)
+
+    def _require(self, name: str) -> None:
+        if not self.gf.has_tensor(name):
+            raise ModelLoadError(f"tensor {name!r} missing from {self.gf.path.name}")
+
+    def _read(self, name: str) -> np.ndarray:
+        self._require(name)
+        return self.gf.load_f32(name)
+
+    def _prepared(self, key: str, build: Callable[[], np.ndarray], n: int) -> np.ndarray:
+        array = build() if self.cache is None else self.cache.get(key, build)
+        self._advance(n)
+        return array
+
+    def _f32(self, name: str) -> np.ndarray:
+        return self._prepared(name, lambda: self._read(name), 1)
+
+    def vector(self, name: str, optional: bool = False):
+        """A norm weight or bias in the backend's memory; None for a missing optional one."""
+        if optional and not self.gf.has_tensor(name):
+            return None
+        return self.backend.vector(self._f32(name))
+
+    def matrix(self, names: str | list[str], optional: bool = False) -> Weight | None:
+        """One (out, in) matrix, or several stacked along `out` (q, k and v: one matmul).
+        None for a missing optional single matrix."""
+        names = [names] if isinstance(names, str) else list(names)
+        if optional and not self.gf.has_tensor(names[0]):
+            return None
+        for name in names:
+            self._require(name)
+        qtypes = {self.gf.tensor_type(n) for n in names}
+        if len(qtypes) == 1:
+            (qtype,) = qtypes
+            if self.backend.storage_for(qtype) == BLOCKS:
+                # Block rows are independent, so stacking matrices is stacking their rows.
+                parts = [self.gf.load_blocks(n) for n in names]
+                blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                cols = int(self.gf.tensors[names[0]].shape[0])  # GGUF ne[0] = in
+                self._advance(len(names))
+                return self.backend.block_weight(blocks, qtype, (len(blocks), cols))
+        if len(names) == 1:
+            return self.backend.dense_weight(self._f32(names[0]))
+        fused = self._prepared(
+            "+".join(names), lambda: np.concatenate([self._read(n) for n in names]), len(names)
+        )
+        return self.backend.dense_weight(fused)
+
+    def fused_bias(self, names: list[str], weights: list[str]):
+        """Biases matching `matrix(weights)`: zeros where one is absent, None when all are."""
+        present = [n for n in names if self.gf.has_tensor(n)]
+        if not present:
+            return None
+
+        def build() -> np.ndarray:
+            rows = [int(self.gf.tensors[w].shape[1]) for w in weights]  # GGUF ne[1] = out
+            return np.concatenate(
+                [
+                    self._read(n) if self.gf.has_tensor(n) else np.zeros(r, np.float32)
+                    for n, r in zip(names, rows, strict=True)
+                ]
+            )
+
+        return self.backend.vector(self._prepared("+".join(names), build, len(present)))

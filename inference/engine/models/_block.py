@@ -1,0 +1,303 @@
+"""The one decoder block and forward every architecture shares.
+
+An architecture file declares what makes it different (an `ArchSpec` and how its
+hyper-parameters are read); this module turns the GGUF's tensors into `LayerWeights`
+through the chosen backend and runs them. Prefill (one sequence's chunk of prompt
+tokens) and batched decode (one new token for each of B sequences) go through the same
+`block`: they differ only in their `Pass` — which matmul the backend uses (a GEMM for a
+chunk, the batch-invariant row kernel for decode) and how attention reads the KV cache.
+
+No array math on weights happens here: every such operation is a backend call
+(kernels.backend.Backend). What stays here is slicing, reshaping and residual adds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernels.backend import Backend
+from kernels.weights import RopeTable, Weight
+
+from ..loading.gguf_file import GGUFFile
+from ..loading.tensors import TensorSource
+from ..types import ModelLoadError
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What one architecture declares; everything else is the shared block."""
+
+    neox_rope: bool  # rotate halves (qwen2/3, gemma3), not adjacent pairs (GGUF llama)
+    activation: str = "silu"  # of the gated FFN: "silu" or "gelu_tanh"
+    qkv_bias: bool = False  # q/k/v biases, read when the file has them (qwen2)
+    qk_norm: str = "none"  # per-head RMSNorm of q and k: "none", "optional", "required"
+    sandwich_norms: bool = False  # gemma3: RMSNorm after attention and after the FFN too
+    embed_scale: bool = False  # gemma3: embeddings times sqrt(d_model)
+    swa_pattern: int = 0  # > 0: layer i is global when (i + 1) % swa_pattern == 0, else sliding
+    local_rope_base: float = 0.0  # RoPE base of sliding-window layers (0: the file's base)
+    attn_softcap: float = 0.0  # > 0: scores = cap * tanh(scores / cap) (gemma2-style)
+    final_softcap: float = 0.0  # the same on the logits
+    # Defaults for metadata a file may omit.
+    default_ctx: int = 2048
+    default_rope_base: float = 10000.0
+    default_eps: float = 1e-5
+    partial_rope: bool = False  # rope.dimension_count < head_dim supported (no: refuse)
+
+
+@dataclass(frozen=True)
+class HParams:
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    n_ctx_train: int
+    rope_base: float
+    rope_dim: int
+    eps: float
+    sliding_window: int = 0
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, spec: ArchSpec) -> HParams:
+        d_model = int(gf.arch_value("embedding_length"))
+        n_head = int(gf.arch_value("attention.head_count"))
+        head_dim = int(gf.arch_value("attention.key_length", d_model // n_head))
+        vocab = gf.arch_value("vocab_size")
+        if vocab is None:
+            vocab = len(gf.metadata.get("tokenizer.ggml.tokens", ()))
+        return cls(
+            n_layer=int(gf.arch_value("block_count")),
+            d_model=d_model,
+            n_head=n_head,
+            n_kv_head=int(gf.arch_value("attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            d_ff=int(gf.arch_value("feed_forward_length")),
+            vocab_size=int(vocab),
+            n_ctx_train=int(gf.arch_value("context_length", spec.default_ctx)),
+            rope_base=float(gf.arch_value("rope.freq_base", spec.default_rope_base)),
+            rope_dim=int(gf.arch_value("rope.dimension_count", head_dim)),
+            eps=float(gf.arch_value("attention.layer_norm_rms_epsilon", spec.default_eps)),
+            sliding_window=int(gf.arch_value("attention.sliding_window", 512))
+            if spec.swa_pattern
+            else 0,
+        )
+
+    def is_global(self, layer: int, spec: ArchSpec) -> bool:
+        return not spec.swa_pattern or (layer + 1) % spec.swa_pattern == 0
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Any  # (D,)
+    attn_qkv: Weight  # (Dq + 2 Dkv, D): q, k, v rows fused into one matmul
+    attn_output: Weight  # (D, Dq)
+    ffn_norm: Any
+    ffn_gate_up: Weight  # (2 F, D): gate and up fused
+    ffn_down: Weight  # (D, F)
+    rope: RopeTable  # this layer's table (gemma3: local or global base)
+    window: int = 0  # > 0: sliding-window layer
+    attn_qkv_bias: Any = None  # (Dq + 2 Dkv,)
+    attn_q_norm: Any = None  # (Dh,)
+    attn_k_norm: Any = None
+    post_attention_norm: Any = None  # (D,)
+    post_ffw_norm: Any = None
+
+
+class Prefill:
+    """A chunk of T prompt tokens of one sequence at positions start.. on one slot."""
+
+    def __init__(self, backend: Backend, kv, slot: int, start: int, n: int):
+        self.backend, self.kv, self.slot, self.start = backend, kv, slot, start
+        self.positions = np.arange(start, start + n)
+
+    def linear(self, x, w: Weight):
+        return self.backend.linear_prefill(x, w)
+
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+        return self.backend.attention_prefill(
+            q, k, v, self.kv, layer, self.slot, self.start, scale, window, softcap
+        )
+
+
+class Decode:
+    """One new token for each of B sequences: row b at positions[b] on slots[b]."""
+
+    def __init__(self, backend: Backend, kv, slots: Sequence[int], positions: np.ndarray):
+        self.backend, self.kv, self.slots, self.positions = backend, kv, slots, positions
+
+    def linear(self, x, w: Weight):
+        return self.backend.linear(x, w)
+
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+        return self.backend.attention_decode(
+            q, k, v, self.kv, layer, self.slots, self.positions, scale, window, softcap
+        )
+
+
+class DecoderModel:
+    """A decoder-only transformer: weights held by `backend`, run by the shared block."""
+
+    def __init__(self, gf: GGUFFile, spec: ArchSpec, source: TensorSource):
+        self.spec = spec
+        self.backend = be = source.backend
+        self.hp = hp = HParams.from_gguf(gf, spec)
+        if hp.rope_dim != hp.head_dim and not spec.partial_rope:
+            raise ModelLoadError(
+                f"partial RoPE (dim {hp.rope_dim} of {hp.head_dim}) is not supported"
+            )
+        rope_global = be.rope_table(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
+        rope_local = rope_global
+        if spec.local_rope_base:
+            rope_local = be.rope_table(hp.n_ctx_train, hp.rope_dim, spec.local_rope_base)
+        self.rope_tables = [rope_global] if rope_local is rope_global else [rope_global, rope_local]
+
+        self.tok_embd = source.matrix("token_embd.weight")  # (V, D)
+        self.layers: list[LayerWeights] = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            qkv_names = [p + f"attn_{x}.weight" for x in "qkv"]
+            is_global = hp.is_global(i, spec)
+            layer = LayerWeights(
+                attn_norm=source.vector(p + "attn_norm.weight"),
+                attn_qkv=source.matrix(qkv_names),
+                attn_output=source.matrix(p + "attn_output.weight"),
+                ffn_norm=source.vector(p + "ffn_norm.weight"),
+                ffn_gate_up=source.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"]),
+                ffn_down=source.matrix(p + "ffn_down.weight"),
+                rope=rope_global if is_global else rope_local,
+                window=0 if is_global else hp.sliding_window,
+            )
+            if spec.qkv_bias:
+                layer.attn_qkv_bias = source.fused_bias(
+                    [n.replace(".weight", ".bias") for n in qkv_names], qkv_names
+                )
+            if spec.qk_norm != "none":
+                optional = spec.qk_norm == "optional"
+                layer.attn_q_norm = source.vector(p + "attn_q_norm.weight", optional)
+                layer.attn_k_norm = source.vector(p + "attn_k_norm.weight", optional)
+            if spec.sandwich_norms:
+                layer.post_attention_norm = source.vector(p + "post_attention_norm.weight")
+                layer.post_ffw_norm = source.vector(p + "post_ffw_norm.weight")
+            self.layers.append(layer)
+        self.output_norm = source.vector("output_norm.weight")
+        # Tied embeddings: no output.weight in the file means logits use token_embd.
+        output = source.matrix("output.weight", optional=True)
+        self.output = self.tok_embd if output is None else output
+        self.embed_scale = be.dtype.type(math.sqrt(hp.d_model)) if spec.embed_scale else None
+        self.attn_scale = 1.0 / math.sqrt(hp.head_dim)
+
+    # ---- what the service asks of a model ----
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights this model holds in its backend's memory."""
+        matrices = {id(self.tok_embd): self.tok_embd, id(self.output): self.output}
+        vectors = [self.output_norm]
+        for layer in self.layers:
+            for value in vars(layer).values():
+                if isinstance(value, Weight):
+                    matrices[id(value)] = value
+                elif value is not None and not isinstance(value, (RopeTable, int)):
+                    vectors.append(value)
+        return int(sum(w.nbytes for w in matrices.values()) + sum(v.nbytes for v in vectors))
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int):
+        hp = self.hp
+        return self.backend.make_kv_cache(hp.n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
+
+    def forward(self, tokens, start: int, kv, slot: int, all_logits: bool = False) -> np.ndarray:
+        """Run `tokens` at positions start.. on one slot (a prompt chunk). Returns logits of
+        the last token (V,), or of every token (T, V) with all_logits."""
+        T = len(tokens)
+        end = start + T
+        if end > kv.n_ctx or end > len(self.rope_tables[0]):
+            raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
+        step = Prefill(self.backend, kv, slot, start, T)
+        x = self._layers(self._embed(tokens), step)
+        if not all_logits:
+            x = x[-1:]
+        logits = self._logits(x, step)
+        return logits if all_logits else logits[0]
+
+    def forward_decode(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], kv
+    ) -> np.ndarray:
+        """One decode step for B sequences in one pass: token b at positions[b] on slot
+        slots[b]. Returns logits (B, V).
+
+        Batch invariant: row b's logits are the same bits whatever else is in the batch
+        (the backend's `linear` and `attention_decode` promise it per row; everything else
+        is elementwise or reduces along a row)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        if len(pos) and (pos.max() >= kv.n_ctx or pos.max() >= len(self.rope_tables[0])):
+            raise ValueError(f"position {pos.max()} exceeds the KV window {kv.n_ctx}")
+        step = Decode(self.backend, kv, slots, pos)
+        return self._logits(self._layers(self._embed(tokens), step), step)
+
+    # ---- the shared block ----
+
+    def _embed(self, tokens):
+        x = self.backend.embed(self.tok_embd, np.asarray(tokens, dtype=np.int64))  # (n, D)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def _layers(self, x, step):
+        for li, layer in enumerate(self.layers):
+            x = self.block(x, li, layer, step)
+        return x
+
+    def block(self, x, li: int, layer: LayerWeights, step: Prefill | Decode):
+        """One decoder layer over n rows (n prompt tokens, or one token per sequence)."""
+        be, hp, spec = self.backend, self.hp, self.spec
+        n = x.shape[0]
+        H, Hkv, Dh = hp.n_head, hp.n_kv_head, hp.head_dim
+        Dq, Dkv = H * Dh, Hkv * Dh
+
+        h = be.rms_norm(x, layer.attn_norm, hp.eps)
+        qkv = step.linear(h, layer.attn_qkv)  # (n, Dq + 2 Dkv)
+        if layer.attn_qkv_bias is not None:
+            qkv += layer.attn_qkv_bias
+        q = qkv[:, :Dq].reshape(n, H, Dh)
+        k = qkv[:, Dq : Dq + Dkv].reshape(n, Hkv, Dh)
+        v = qkv[:, Dq + Dkv :].reshape(n, Hkv, Dh)
+        if layer.attn_q_norm is not None:
+            q = be.rms_norm(q, layer.attn_q_norm, hp.eps)
+            k = be.rms_norm(k, layer.attn_k_norm, hp.eps)
+        q = be.rope(q, step.positions, layer.rope, spec.neox_rope)
+        k = be.rope(k, step.positions, layer.rope, spec.neox_rope)
+        attn = step.attention(q, k, v, li, self.attn_scale, layer.window, spec.attn_softcap)
+        out = step.linear(attn, layer.attn_output)  # (n, D)
+        if layer.post_attention_norm is not None:
+            out = be.rms_norm(out, layer.post_attention_norm, hp.eps)
+        x = x + out
+
+        h = be.rms_norm(x, layer.ffn_norm, hp.eps)
+        gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
+        out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
+        if layer.post_ffw_norm is not None:
+            out = be.rms_norm(out, layer.post_ffw_norm, hp.eps)
+        return x + out
+
+    def _logits(self, x, step) -> np.ndarray:
+        be = self.backend
+        logits = step.linear(be.rms_norm(x, self.output_norm, self.hp.eps), self.output)  # (n, V)
+        if self.spec.final_softcap > 0:
+            logits = be.softcap(logits, self.spec.final_softcap)
+        return be.to_host(logits)
+
+
+def load_decoder(
+    gf: GGUFFile, spec: ArchSpec, progress=None, cache=None, backend: Backend | None = None
+) -> DecoderModel:
+    """Build a DecoderModel of `spec` from `gf` on `backend` (default: numpy)."""
+    if backend is None:
+        from kernels import get_backend
+
+        backend = get_backend()
+    return DecoderModel(gf, spec, TensorSource(gf, backend, progress, cache))

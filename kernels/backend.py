@@ -1,0 +1,153 @@
+"""The seam under every model: what a compute backend must implement.
+
+A backend owns weight storage and every operation that touches weights or the KV cache.
+The one decoder block (`inference.engine.models._block`) is written against this
+interface only, so a new backend (quantised CPU kernels, CuPy on a GPU) is a new class
+here and no model file changes. The numpy backend is the reference the others are
+tested against.
+
+Arrays are the backend's own (numpy here; CuPy arrays on a GPU): the block only slices,
+reshapes and adds them, which both array modules do alike. What crosses back to the
+host is one thing: logits, through `to_host`.
+
+Batch invariance is part of the contract: `linear` computes each of its B rows exactly
+as it would alone (same bits whatever the other rows are), and `attention_decode` runs
+each row over its own slot. Only `linear_prefill` (one sequence's chunk of prompt
+tokens, never shared with another request) may use a shape-dependent GEMM.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from .weights import RopeTable, Weight
+
+Array = Any  # the backend's array type: numpy.ndarray, cupy.ndarray, ...
+
+# What a backend keeps for one matrix type: "dense" wants float32 rows (dequantised at
+# load, or memory-mapped from the weight cache); "blocks" keeps the file's bytes as they
+# are and computes on them.
+DENSE = "dense"
+BLOCKS = "blocks"
+
+
+class Backend(ABC):
+    """One compute backend. Stateless apart from its configuration: weights and KV caches
+    are objects it hands out, so several models share one backend."""
+
+    name: str  # "numpy", "cuda", ...
+    on_accelerator: bool = False  # weights and KV live in device memory
+    dtype: np.dtype = np.dtype(np.float32)  # activations and the KV cache
+
+    # ---- weights ----
+
+    def storage_for(self, qtype: GGMLQuantizationType) -> str:
+        """DENSE or BLOCKS: how this backend wants a matrix stored in the file as `qtype`.
+        The numpy reference keeps everything dense (float32)."""
+        return DENSE
+
+    @abstractmethod
+    def dense_weight(self, array: np.ndarray) -> Weight:
+        """A matrix (out, in) of float32 values, as prepared at load (host memory, maybe
+        memory-mapped); the backend keeps or uploads it as it likes."""
+
+    @abstractmethod
+    def block_weight(
+        self, blocks: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]
+    ) -> Weight:
+        """A matrix (out, in) kept in GGUF block layout: `blocks` is (out, bytes per row)
+        uint8, exactly the file's bytes."""
+
+    @abstractmethod
+    def vector(self, array: np.ndarray) -> Array:
+        """A small float32 parameter (a norm weight, a bias) in the backend's memory."""
+
+    # ---- the operations of a decoder block ----
+
+    @abstractmethod
+    def embed(self, table: Weight, token_ids: np.ndarray) -> Array:
+        """Rows `token_ids` of the embedding table: (n, D)."""
+
+    @abstractmethod
+    def linear(self, x: Array, w: Weight) -> Array:
+        """x (B, K) @ w.T -> (B, N), batch invariant: row b is the same bits whatever else
+        is in x (decode)."""
+
+    @abstractmethod
+    def linear_prefill(self, x: Array, w: Weight) -> Array:
+        """x (T, K) @ w.T -> (T, N) for one sequence's prompt chunk (any kernel)."""
+
+    @abstractmethod
+    def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
+        """x * rsqrt(mean(x^2) + eps) * weight over the last axis."""
+
+    @abstractmethod
+    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
+        """cos/sin tables for positions 0..n_pos."""
+
+    @abstractmethod
+    def rope(self, x: Array, positions: np.ndarray, table: RopeTable, neox: bool) -> Array:
+        """Rotate x (n, H, Dh) at `positions` (n,): adjacent pairs (GGUF llama, whose Q/K
+        rows are permuted for it) or the two halves (NeoX: qwen2/3, gemma3)."""
+
+    @abstractmethod
+    def glu(self, gate_up: Array, d_ff: int, activation: str) -> Array:
+        """act(gate) * up over a fused (n, 2F) gate/up product; activation "silu" or
+        "gelu_tanh"."""
+
+    @abstractmethod
+    def softcap(self, x: Array, cap: float) -> Array:
+        """cap * tanh(x / cap)."""
+
+    # ---- attention over the KV cache ----
+
+    @abstractmethod
+    def make_kv_cache(self, n_layer: int, n_slots: int, n_kv_head: int, n_ctx: int, head_dim: int):
+        """Per-slot KV storage for `n_slots` sequences of up to `n_ctx` positions."""
+
+    @abstractmethod
+    def attention_prefill(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        kv,
+        layer: int,
+        slot: int,
+        start: int,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> Array:
+        """Write k, v (T, Hkv, Dh) at positions start.. of `slot`, then causal grouped-query
+        attention of q (T, H, Dh) over positions 0..start+T. `window` > 0 hides keys that
+        many or more positions behind the query. Returns (T, H * Dh)."""
+
+    @abstractmethod
+    def attention_decode(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        kv,
+        layer: int,
+        slots: Sequence[int],
+        positions: np.ndarray,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> Array:
+        """One new position per row: row b writes k[b], v[b] at positions[b] of slots[b]
+        and attends over that slot's own positions. Returns (B, H * Dh); each row
+        computed exactly as alone."""
+
+    # ---- results ----
+
+    @abstractmethod
+    def to_host(self, x: Array) -> np.ndarray:
+        """A float32 numpy copy (or view) of x: the logits the sampler reads."""

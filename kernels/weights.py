@@ -1,0 +1,43 @@
+"""Weight handles: a matrix that knows its own storage, and RoPE tables.
+
+The decoder block never looks inside a `Weight`; only the backend that made it does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class Weight:
+    """One (out, in) matrix as a backend keeps it.
+
+    storage: "f32", "f16", "bf16" for dense values, or a GGUF block type name ("Q4_1",
+    "Q6_K", ...) for the file's blocks kept as they are. `data` is the backend's array:
+    (out, in) values, or (out, bytes per row) uint8 blocks. `meta` is the backend's own
+    (row chunks, device pointers, ...)."""
+
+    storage: str
+    shape: tuple[int, int]
+    data: Any
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @property
+    def is_blocks(self) -> bool:
+        return self.storage not in ("f32", "f16", "bf16", "f64")
+
+
+@dataclass(eq=False)
+class RopeTable:
+    """cos and sin of position x frequency, (n_pos, dim // 2) each, in a backend's memory."""
+
+    cos: Any
+    sin: Any
+
+    def __len__(self) -> int:
+        return len(self.cos)
