@@ -137,7 +137,12 @@ ROW_CHUNK_BYTES = 8 << 20
 def row_chunks(w: np.ndarray) -> list[tuple[int, int]]:
     """Fixed [begin, end) ranges of w's rows for `linear_rows` (multiples of 64 rows)."""
     n, k = w.shape
-    rows = max(64, ROW_CHUNK_BYTES // (k * w.itemsize) // 64 * 64)
+    return chunk_ranges(n, k, w.itemsize)
+
+
+def chunk_ranges(n: int, k: int, itemsize: int) -> list[tuple[int, int]]:
+    """[begin, end) ranges over n rows of k values each, ROW_CHUNK_BYTES of values apiece."""
+    rows = max(64, ROW_CHUNK_BYTES // (k * itemsize) // 64 * 64)
     return [(i, min(n, i + rows)) for i in range(0, n, rows)]
 
 
@@ -184,8 +189,7 @@ class NumpyBackend(Backend):
 
     def block_weight(self, blocks, qtype, shape) -> Weight:
         n, k = shape
-        rows = max(64, ROW_CHUNK_BYTES // (k * self.dtype.itemsize) // 64 * 64)
-        chunks = [(i, min(n, i + rows)) for i in range(0, n, rows)]
+        chunks = chunk_ranges(n, k, self.dtype.itemsize)  # as dense rows of this dtype
         return Weight(qtype.name, (int(n), int(k)), blocks, {"qtype": qtype, "chunks": chunks})
 
     def vector(self, array: np.ndarray) -> np.ndarray:
