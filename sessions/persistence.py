@@ -54,7 +54,7 @@ from pathlib import Path
 
 from inference import runtime as registry
 from inference import shutdown
-from inference.engine.serving.session_blob import SessionSnapshot, encode, read_header
+from inference.engine.serving.session_blob import encode, read_header
 from inference.engine.serving.sessions import OPEN, SessionKey
 from inference.engine.types import BadSessionBlob
 from sessions import records
@@ -93,18 +93,6 @@ def _index(path: Path) -> int | None:
     """The conversation index in a spill file's name ("<stem>-<i>.pnkv"), else None."""
     index = path.stem.rpartition("-")[2]
     return int(index) if index.isdigit() else None
-
-
-def _snapshot(svc, key: SessionKey, conv) -> SessionSnapshot:
-    return SessionSnapshot(
-        svc.kv_layout,
-        conv.tokens,
-        conv.k,
-        conv.v,
-        key.id,
-        created=time.time(),
-        namespace=key.namespace,
-    )
 
 
 # --- files ------------------------------------------------------------------------------
@@ -207,7 +195,7 @@ def _spill_locked(svc, folder: Path) -> dict[SessionKey, int]:
         for i, conv in enumerate(by_key[key]):
             path = folder / f"{file_stem(key)}-{i}{SUFFIX}"
             try:
-                write_atomic(path, encode(_snapshot(svc, key, conv)), hold_s=hold_s)
+                write_atomic(path, encode(svc.snapshot(key, conv)), hold_s=hold_s)
             except Exception:
                 log.exception("cannot spill a conversation of a session to %s", path)
                 continue
@@ -347,7 +335,7 @@ class DurableWriter:
             ref = self._on_disk.get(path)
             if ref is not None and ref() is conv and path.exists():
                 continue  # conversations are immutable: that file holds it already
-            write_atomic(path, encode(_snapshot(svc, key, conv)))
+            write_atomic(path, encode(svc.snapshot(key, conv)))
             self.wrote(path, conv)
         for path in folder.glob(f"{stem}-*{SUFFIX}"):
             index = _index(path)

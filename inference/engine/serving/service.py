@@ -508,23 +508,25 @@ class ModelService:
         n_layer, n_kv_head, head_dim = self.kv.layout
         return KVLayout(self.architecture, self.weights_version, n_layer, n_kv_head, head_dim)
 
+    def snapshot(self, key: SessionKey, conv: Conversation) -> SessionSnapshot:
+        """One parked conversation as a blob's contents (export and the disk writer)."""
+        return SessionSnapshot(
+            self.kv_layout,
+            conv.tokens,
+            conv.k,
+            conv.v,
+            key.id,
+            created=time.time(),
+            namespace=key.namespace,
+        )
+
     def export_session(self, session_id: str) -> ExportedSession:
         """The id's most recently used conversation as a portable blob (session_blob.py)
         that records the session's namespace. Raises SessionNotFound, SessionBusy (a turn
         in flight)."""
         key = SessionKey.of(session_id)
         conv = self.sessions.latest(key)
-        blob = encode_blob(
-            SessionSnapshot(
-                self.kv_layout,
-                conv.tokens,
-                conv.k,
-                conv.v,
-                key.id,
-                created=time.time(),
-                namespace=key.namespace,
-            )
-        )
+        blob = encode_blob(self.snapshot(key, conv))
         return ExportedSession(key.id, self.weights_version, conv.tokens, blob, key.namespace)
 
     def restore_session(self, session_id: str, blob: bytes, tokens: list[int] | None) -> int:
