@@ -23,8 +23,9 @@ PANTHEON_THREADS       BLAS threads of the engine, one pool for every loaded mod
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
-PANTHEON_KEY_MAX_SESSIONS  session ids one API key may hold per model (0: max_sessions // 2)
-PANTHEON_KEY_MAX_WATCHES   session watches one API key may hold per model (0: half)
+PANTHEON_KEY_MAX_SESSIONS  session ids one API key may hold per model (0: max_sessions // 2
+                       while several keys could hold sessions, else no cap)
+PANTHEON_KEY_MAX_WATCHES   session watches one API key may hold per model (0: half, as above)
 PANTHEON_MAX_MESSAGES  `messages` a chat request may hold (4096)
 PANTHEON_MAX_TOOLS     `tools` a chat request may offer (128)
 PANTHEON_API_KEY       key for the client routes (inference, sessions); alone, also the
@@ -287,7 +288,8 @@ PANTHEON_ENGINE_OPTIONS = {
     "session_idle_ttl_s": env_int("PN_SESSION_IDLE_TTL_MS", 43_200_000) / 1000,
     "session_watch_grace_s": env_int("PN_SESSION_WATCH_GRACE_MS", 45_000) / 1000,
     "max_watches": env_int("PANTHEON_MAX_WATCHES", 64),
-    # Per API key (each key's sessions are its own namespace): 0 -> half, at least 1.
+    # Per API key (each key's sessions are its own namespace): 0 -> half, at least 1,
+    # only while several keys could hold sessions (sessions/tenancy.py); > 0: always.
     "key_max_sessions": env_int("PANTHEON_KEY_MAX_SESSIONS", 0),
     "key_max_watches": env_int("PANTHEON_KEY_MAX_WATCHES", 0),
 }

@@ -8,3 +8,14 @@ class SessionsConfig(AppConfig):
     name = "sessions"
     label = "pantheon_sessions"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
+        from access.models import ApiKey
+        from sessions import tenancy
+
+        # Per-key session caps depend on how many keys could hold sessions: a console
+        # key saved or deleted in this process is counted at once.
+        post_save.connect(tenancy.refresh, sender=ApiKey, dispatch_uid="sessions-keys-save")
+        post_delete.connect(tenancy.refresh, sender=ApiKey, dispatch_uid="sessions-keys-del")

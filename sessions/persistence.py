@@ -57,7 +57,7 @@ from inference import shutdown
 from inference.engine.serving.session_blob import encode, read_header
 from inference.engine.serving.sessions import OPEN, SessionKey
 from inference.engine.types import BadSessionBlob
-from sessions import records
+from sessions import records, tenancy
 
 log = logging.getLogger("pantheon.sessions")
 
@@ -422,6 +422,7 @@ def restore_on_load(name: str, svc) -> None:
     in the background from now on (every restored one first)."""
     if not hasattr(svc, "restore_session"):  # a stand-in service
         return
+    tenancy.attach(svc.sessions)  # per-key caps only while several keys could hold sessions
     folder = model_folder(sessions_root(), name)
     with _write_lock:  # no background write into the folder while it is read
         report = restore(svc, folder, name)

@@ -5,11 +5,29 @@ scope ("key:<console key id>", "env:client", "env:admin"; "open" when the reques
 no key). Every session route and the chat route's session id go through `session_key`,
 the one place a client's session id becomes an engine SessionKey: the same id sent with
 two keys is two sessions, and no request reaches another key's.
+
+Per-key caps (PANTHEON_KEY_MAX_SESSIONS, PANTHEON_KEY_MAX_WATCHES) left at 0 keep one key
+to half a model's session slots and watches only while more than one key could hold
+sessions: the env keys that are set (PANTHEON_API_KEY, PANTHEON_ADMIN_API_KEY) plus the
+unrevoked console keys with the `inference` or `sessions` scope. With one such key (or
+none: an open server) that key may use every slot. `attach` gives a model's session
+table `several_keys`, which the table calls under its lock: it reads a count kept here,
+counted again when a console key is saved or deleted in this process (sessions.apps) and
+at most CACHE_TTL_S old otherwise (recounted in a background thread, never on the
+caller's); until a first count it answers "several" (the caps apply).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 from inference.engine.serving.sessions import OPEN, SessionKey
+
+log = logging.getLogger("pantheon.sessions")
+
+CACHE_TTL_S = 5.0  # another process may add or revoke a console key
 
 SCOPE_NAMESPACE = "pantheon.namespace"  # access.guard.NAMESPACE_KEY
 
@@ -32,3 +50,93 @@ def session_key(request_or_scope, session_id: str | None) -> SessionKey | None:
     if session_id is None:
         return None
     return SessionKey(session_id, namespace(request_or_scope))
+
+
+# --- how many keys could hold sessions ----------------------------------------------------
+
+_lock = threading.Lock()
+# count: None until counted; generation: bumped by forget(), so a count begun before it
+# is not kept.
+_console: dict = {"count": None, "until": 0.0, "refreshing": False, "generation": 0}
+
+
+def _env_holders() -> int:
+    from access import keys
+
+    return len(keys.env_principals())  # both env keys may hold sessions
+
+
+def count_console_holders() -> int:
+    """Unrevoked console keys that could hold sessions, counted up to 2 (only "more than
+    one" matters). Database access: call from a thread."""
+    from access.models import ApiKey
+    from pantheon_site.routes import INFERENCE, SESSIONS
+
+    found = 0
+    for scopes in ApiKey.objects.filter(revoked=False).values_list("scopes", flat=True):
+        if isinstance(scopes, list) and (INFERENCE in scopes or SESSIONS in scopes):
+            found += 1
+            if found > 1:
+                break
+    return found
+
+
+def refresh(*args, **kwargs) -> None:
+    """Count the console keys again now (database access: call from a thread; also the
+    ApiKey save/delete signal receiver). On failure the count is unknown: caps apply."""
+    with _lock:
+        generation = _console["generation"]
+    try:
+        count = count_console_holders()
+    except Exception:
+        log.warning("per-key session caps: cannot count the console keys", exc_info=True)
+        count = None
+    with _lock:
+        if _console["generation"] == generation:
+            _console.update(count=count, until=time.monotonic() + CACHE_TTL_S)
+
+
+def _refresh_in_background() -> None:
+    from django.db import connection
+
+    try:
+        refresh()
+    finally:
+        with _lock:
+            _console["refreshing"] = False
+        connection.close()  # this thread's own connection
+
+
+def several_keys() -> bool:
+    """Whether more than one key could hold sessions on this server. Never blocks: a
+    stale count is answered and counted again in the background."""
+    env = _env_holders()
+    if env > 1:
+        return True
+    with _lock:
+        count = _console["count"]
+        start = time.monotonic() >= _console["until"] and not _console["refreshing"]
+        if start:
+            _console["refreshing"] = True
+    if start:
+        threading.Thread(
+            target=_refresh_in_background, name="pantheon-key-count", daemon=True
+        ).start()
+    return True if count is None else env + count > 1
+
+
+def attach(table) -> None:
+    """Give a model's session table the server's answer to "several keys?" (the session
+    load hook, sessions.persistence.restore_on_load). Counts first when nothing has been
+    counted yet (the load hook runs in a thread that may use the database)."""
+    with _lock:
+        unknown = _console["count"] is None
+    if unknown:
+        refresh()
+    table.several_keys = several_keys
+
+
+def forget() -> None:
+    """Drop the count (tests)."""
+    with _lock:
+        _console.update(count=None, until=0.0, generation=_console["generation"] + 1)

@@ -90,6 +90,97 @@ def test_a_key_holds_at_most_half_the_slots_and_watches_the_open_namespace_all()
     assert SessionTable(4, key_max_sessions=3).key_max_sessions == 3
 
 
+def _table(several: bool, **caps) -> SessionTable:
+    table = SessionTable(4, max_watches=4, **caps)
+    table.several_keys = lambda: several  # what sessions.tenancy answers on a server
+    return table
+
+
+def test_the_only_key_of_a_server_may_use_every_slot_and_watch():
+    table = _table(False)  # one key could hold sessions: the default caps do not apply
+    for i in range(4):
+        table.begin_turn(SessionKey(f"a{i}", "env:client"))
+        table.watch(SessionKey(f"a{i}", "env:client"))
+    with pytest.raises(SessionCapacity, match="all 4 session slots"):  # the table's own
+        table.begin_turn(SessionKey("a4", "env:client"))
+
+
+def test_with_two_keys_each_holds_half_the_slots_and_watches():
+    table = _table(True)
+    for i in range(2):
+        table.begin_turn(SessionKey(f"s{i}", "key:a"))
+        table.watch(SessionKey(f"s{i}", "key:a"))
+    with pytest.raises(SessionCapacity, match="this API key holds 2"):
+        table.begin_turn(SessionKey("s2", "key:a"))
+    with pytest.raises(WatchUnavailable, match="this API key holds 2"):
+        table.watch(SessionKey("s2", "key:a"))
+    for i in range(2):  # the other key's half is still there
+        table.begin_turn(SessionKey(f"s{i}", "key:b"))
+        table.watch(SessionKey(f"s{i}", "key:b"))
+
+
+def test_a_cap_set_explicitly_applies_even_to_the_only_key():
+    table = _table(False, key_max_sessions=3, key_max_watches=1)
+    for i in range(3):
+        table.begin_turn(SessionKey(f"a{i}", "key:1"))
+    with pytest.raises(SessionCapacity, match=r"this API key holds 3 .*\(3 of"):
+        table.begin_turn(SessionKey("a3", "key:1"))
+    table.watch(SessionKey("a0", "key:1"))
+    with pytest.raises(WatchUnavailable, match="this API key holds 1"):
+        table.watch(SessionKey("a1", "key:1"))
+
+
+def test_an_answer_that_cannot_be_had_keeps_the_caps():
+    table = SessionTable(4)
+    table.several_keys = lambda: 1 / 0
+    for i in range(2):
+        table.begin_turn(SessionKey(f"a{i}", "key:1"))
+    assert not table.would_admit(SessionKey("a2", "key:1"))
+
+
+# --- how many keys could hold sessions (sessions.tenancy) --------------------------------
+
+
+@pytest.fixture
+def counted():
+    """tenancy's count of console keys, fresh for the test and forgotten after it."""
+    from sessions import tenancy
+
+    tenancy.forget()
+    yield tenancy
+    tenancy.forget()
+
+
+def test_several_keys_counts_the_keys_that_could_hold_sessions(counted, settings):
+    settings.PANTHEON_API_KEY = settings.PANTHEON_ADMIN_API_KEY = ""
+    counted.refresh()
+    assert counted.several_keys() is False  # an open server
+    console_key("export-only", ["session_export"])  # holds no session: not counted
+    assert counted.several_keys() is False
+    one = console_key("one", ["inference"])  # saved: counted again at once (the signal)
+    assert counted.several_keys() is False
+    settings.PANTHEON_API_KEY = "pk-env-client"
+    assert counted.several_keys() is True  # the env key and a console key
+    settings.PANTHEON_API_KEY = ""
+    console_key("two", ["sessions"])
+    assert counted.several_keys() is True  # two console keys
+
+    from access import keys
+    from access.models import ApiKey
+
+    ApiKey.objects.filter(key_hash=keys.digest(one)).get().delete()
+    assert counted.several_keys() is False
+    settings.PANTHEON_API_KEY = "pk-env-client"
+    settings.PANTHEON_ADMIN_API_KEY = "pk-env-admin"  # two env keys, whatever the database
+    assert counted.several_keys() is True
+
+
+def test_an_unknown_count_keeps_the_caps(counted, settings):
+    settings.PANTHEON_API_KEY = "pk-env-client"
+    settings.PANTHEON_ADMIN_API_KEY = ""
+    assert counted.several_keys() is True  # nothing counted yet (a count starts behind)
+
+
 # --- over the ASGI stack, with two console keys ------------------------------------------
 
 
@@ -105,9 +196,14 @@ def svc(empty_runtime, smollm2_service):
         smollm2_service.config, name=SMOLLM2_NAME, max_sessions=4, max_watches=4
     )
     fresh = smollm2_service.sibling(config)
+    from sessions import tenancy
+
+    tenancy.forget()
+    tenancy.attach(fresh.sessions)  # as the load hook does (sessions.persistence)
     empty_runtime.register(SMOLLM2_NAME, fresh)
     yield fresh
     fresh.close()
+    tenancy.forget()
 
 
 @pytest.fixture
@@ -321,3 +417,21 @@ async def test_another_key_cannot_watch_a_session_nor_take_every_watch(app, svc,
     finally:
         for w in watches:
             await w.close()
+
+
+@anyio
+async def test_the_only_key_uses_every_slot_until_a_second_key_is_made(app, svc, db):
+    a = await in_db(console_key, "alone", CLIENT_SCOPES)
+    for i in range(4):  # the only key: all four slots, not half of them
+        await chat(app, a, OTHER, f"a-{i}")
+    for i in range(4):
+        body = {"session_id": f"a-{i}"}
+        released = await call(app, "POST", RELEASE, body=body, headers=bearer(a))
+        assert released.status == 200 and released.json()["released"] is True
+
+    await in_db(console_key, "second", CLIENT_SCOPES)  # now two keys: half each
+    for i in range(2):
+        await chat(app, a, OTHER, f"a-{i}")
+    body = {"messages": OTHER, "max_tokens": 1, "session_id": "a-2"}
+    reply = await call(app, "POST", CHAT, body=body, headers=bearer(a), timeout=300)
+    assert "this API key holds 2" in reply.error(429, "model_at_session_capacity")

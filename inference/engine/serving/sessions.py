@@ -8,7 +8,10 @@ str is an id in the OPEN namespace (an open server, engine tests). The same id i
 namespaces is two sessions: no turn, release, watch or restore reaches another
 namespace's session, and a turn's `cached_tokens` only ever counts its own namespace's
 KV. Each namespace but OPEN may hold at most `key_max_sessions` ids and
-`key_max_watches` watches, so one key cannot take every slot from the others.
+`key_max_watches` watches, so one key cannot take every slot from the others. A cap left
+at its default (0: half the table's) applies only while `several_keys()` says more than
+one key could hold sessions (the server sets it: sessions.tenancy), so the only key of a
+single-user server may use every slot; a cap set explicitly always applies.
 
 A session id owns up to MAX_CONVERSATIONS conversations (a client may send its title
 request and its real turns under one id). Each conversation is the token history whose
@@ -184,9 +187,16 @@ class SessionTable:
         self.idle_ttl_s = idle_ttl_s
         self.watch_grace_s = watch_grace_s
         self.max_watches = max_watches
-        # Per namespace (every one but OPEN); 0: half the table's, at least 1.
+        # Per namespace (every one but OPEN); 0: half the table's, at least 1, and only
+        # while several keys could hold sessions (`several_keys`); a setting > 0 always.
         self.key_max_sessions = min(max_sessions, key_max_sessions or max(1, max_sessions // 2))
         self.key_max_watches = min(max_watches, key_max_watches or max(1, max_watches // 2))
+        self._sessions_cap_set = key_max_sessions > 0
+        self._watches_cap_set = key_max_watches > 0
+        # Whether more than one key could hold sessions on this server: called under the
+        # lock, so it must not block (sessions.tenancy.several_keys reads a cached count).
+        # None (an engine without a server): assume several, the safe side.
+        self.several_keys: Callable[[], bool] | None = None
         self.clock = clock
         self.listener: Callable[[SessionKey], None] | None = None
         self._lock = threading.Lock()
@@ -317,7 +327,7 @@ class SessionTable:
         with self._lock:
             if sum(self._watches.values()) >= self.max_watches:
                 raise WatchUnavailable(f"the watch table is full ({self.max_watches} watches held)")
-            if key.namespace != OPEN:
+            if self._capped_locked(key, self._watches_cap_set):
                 mine = sum(n for k, n in self._watches.items() if k.namespace == key.namespace)
                 if mine >= self.key_max_watches:
                     raise WatchUnavailable(
@@ -387,11 +397,23 @@ class SessionTable:
         if listener is not None:
             listener(key)
 
+    def _capped_locked(self, key: SessionKey, cap_set: bool) -> bool:
+        """Whether `key`'s namespace is held to its per-key cap: never the open one; always
+        when the cap was set explicitly; else only when several keys could hold sessions."""
+        if key.namespace == OPEN:
+            return False
+        if cap_set or self.several_keys is None:
+            return True
+        try:
+            return bool(self.several_keys())
+        except Exception:  # an answer that cannot be had: the safe side
+            return True
+
     def _refusal_locked(self, key: SessionKey) -> str | None:
         """Why a new id `key` cannot have a slot now, or None when it can."""
         if len(self._sessions) >= self.max_sessions:
             return f"all {self.max_sessions} session slots hold live sessions"
-        if key.namespace != OPEN:
+        if self._capped_locked(key, self._sessions_cap_set):
             mine = sum(1 for k in self._sessions if k.namespace == key.namespace)
             if mine >= self.key_max_sessions:
                 return (
