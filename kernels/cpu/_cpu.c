@@ -1,0 +1,359 @@
+/* kernels._cpu: Python bindings of the compiled CPU kernels (CPython C API and the
+ * buffer protocol; no numpy headers). Every entry point checks its buffers' shapes,
+ * types and contiguity, raises TypeError/ValueError on a mismatch, and releases the
+ * GIL while it computes. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "quants.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+static int g_isa = ISA_GENERIC;  /* in use */
+static int g_best = ISA_GENERIC; /* the CPU's highest */
+static int g_threads = 1;
+
+static const char *isa_names[ISA_COUNT] = {"generic", "avx2", "avx512"};
+
+static int usable_cores(void) {
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0)
+            return n;
+    }
+#endif
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
+/* ------------------------------------------------------------------ buffers */
+
+typedef struct {
+    Py_buffer v;
+    int held;
+} Buf;
+
+static void release(Buf *b) {
+    if (b->held) {
+        PyBuffer_Release(&b->v);
+        b->held = 0;
+    }
+}
+
+static int is_f32(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (v->itemsize != 4)
+        return 0;
+    if (f[0] == '<' || f[0] == '=' || f[0] == '@')
+        f++;
+    return f[0] == 'f' && f[1] == '\0';
+}
+
+static int is_i64(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (v->itemsize != 8)
+        return 0;
+    if (f[0] == '<' || f[0] == '=' || f[0] == '@')
+        f++;
+    return (f[0] == 'q' || f[0] == 'l') && f[1] == '\0';
+}
+
+enum { ANY = 0, F32 = 1, I64 = 2 };
+
+/* A C-contiguous buffer of `ndim` dimensions (ndim 0: any) and element kind `kind`. */
+static int get(PyObject *o, Buf *b, const char *name, int ndim, int kind, int writable) {
+    b->held = 0;
+    if (PyObject_GetBuffer(o, &b->v, PyBUF_RECORDS_RO) != 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be an array (buffer), not %.100s", name,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    b->held = 1;
+    if (writable && b->v.readonly) {
+        PyErr_Format(PyExc_ValueError, "%s must be writable", name);
+        goto fail;
+    }
+    if (ndim && b->v.ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s must be %d-D, got %d-D", name, ndim, b->v.ndim);
+        goto fail;
+    }
+    if (!PyBuffer_IsContiguous(&b->v, 'C')) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", name);
+        goto fail;
+    }
+    if (kind == F32 && !is_f32(&b->v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be float32 (format 'f'), got format '%s'", name,
+                     b->v.format ? b->v.format : "B");
+        goto fail;
+    }
+    if (kind == I64 && !is_i64(&b->v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be int64, got format '%s'", name,
+                     b->v.format ? b->v.format : "B");
+        goto fail;
+    }
+    return 0;
+fail:
+    release(b);
+    return -1;
+}
+
+static Py_ssize_t dim(const Buf *b, int i) { return b->v.shape ? b->v.shape[i] : b->v.len; }
+
+/* The number of values K of a row of `row_bytes` bytes of type qt, or -1 (error set). */
+static Py_ssize_t row_values(int qt, Py_ssize_t row_bytes) {
+    if (qt_name(qt) == NULL) {
+        PyErr_Format(PyExc_ValueError, "qtype %d has no compiled kernel", qt);
+        return -1;
+    }
+    const int bs = qt_block(qt), ts = qt_tsize(qt);
+    if (row_bytes % ts != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "w has %zd bytes per row, not a whole number of %s blocks (%d bytes each)",
+                     row_bytes, qt_name(qt), ts);
+        return -1;
+    }
+    return row_bytes / ts * bs;
+}
+
+/* ------------------------------------------------------------------ functions */
+
+static PyObject *py_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyUnicode_FromString(isa_names[g_isa]);
+}
+
+static int isa_from_name(const char *s) {
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (strcmp(s, isa_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (s == NULL) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "set_isa takes 'generic', 'avx2' or 'avx512'");
+        return NULL;
+    }
+    const int i = isa_from_name(s);
+    if (i < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown ISA '%s' (generic, avx2, avx512)", s);
+        return NULL;
+    }
+    if (i > g_best) {
+        PyErr_Format(PyExc_ValueError, "this CPU does not run %s (best: %s)", s,
+                     isa_names[g_best]);
+        return NULL;
+    }
+    g_isa = i;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_supported_isas(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    PyObject *t = PyTuple_New(g_best + 1);
+    if (t == NULL)
+        return NULL;
+    for (int i = 0; i <= g_best; i++) {
+        PyObject *s = PyUnicode_FromString(isa_names[i]);
+        if (s == NULL) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    const long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 1 || n > 1024) {
+        PyErr_Format(PyExc_ValueError, "set_threads needs 1..1024 threads, got %ld", n);
+        return NULL;
+    }
+    g_threads = (int)n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_threads(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyLong_FromLong(g_threads);
+}
+
+static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"qtype", "w", "x", "out", "col0", NULL};
+    int qt;
+    PyObject *ow, *ox, *oo;
+    Py_ssize_t col0 = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOOO|n:linear", kwlist, &qt, &ow, &ox, &oo,
+                                     &col0))
+        return NULL;
+    Buf w = {0}, x = {0}, o = {0};
+    if (get(ow, &w, "w", 2, ANY, 0) || get(ox, &x, "x", 2, F32, 0) ||
+        get(oo, &o, "out", 2, F32, 1))
+        goto fail;
+    const Py_ssize_t N = dim(&w, 0), row_bytes = dim(&w, 1) * w.v.itemsize;
+    const Py_ssize_t B = dim(&x, 0), K = dim(&x, 1), ldo = dim(&o, 1);
+    const Py_ssize_t Kw = row_values(qt, row_bytes);
+    if (Kw < 0)
+        goto fail;
+    if (Kw != K) {
+        PyErr_Format(PyExc_ValueError,
+                     "w rows hold %zd %s values (%zd bytes) but x has K=%zd (a row of K=%zd "
+                     "needs %zd bytes)",
+                     Kw, qt_name(qt), row_bytes, K, K,
+                     K % qt_block(qt) ? (Py_ssize_t)-1 : K / qt_block(qt) * qt_tsize(qt));
+        goto fail;
+    }
+    if (dim(&o, 0) != B) {
+        PyErr_Format(PyExc_ValueError, "out has %zd rows, x has %zd", dim(&o, 0), B);
+        goto fail;
+    }
+    if (col0 < 0 || col0 > ldo || N > ldo - col0) {
+        PyErr_Format(PyExc_ValueError, "out has %zd columns: too few for %zd rows of w at col0=%zd",
+                     ldo, N, col0);
+        goto fail;
+    }
+    {
+        const int isa = g_isa, nt = g_threads;
+        const uint8_t *wp = (const uint8_t *)w.v.buf;
+        const float *xp = (const float *)x.v.buf;
+        float *op = (float *)o.v.buf + col0;
+        Py_BEGIN_ALLOW_THREADS;
+        if (K == 0) {
+            for (Py_ssize_t b = 0; b < B; b++)
+                for (Py_ssize_t r = 0; r < N; r++)
+                    op[b * ldo + r] = 0.f;
+        } else {
+            cpu_linear(isa, nt, qt, wp, (size_t)row_bytes, N, K, xp, B, op, ldo);
+        }
+        Py_END_ALLOW_THREADS;
+    }
+    release(&w);
+    release(&x);
+    release(&o);
+    Py_RETURN_NONE;
+fail:
+    release(&w);
+    release(&x);
+    release(&o);
+    return NULL;
+}
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"qtype", "w", "out", NULL};
+    int qt;
+    PyObject *ow, *oo;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOO:dequantize", kwlist, &qt, &ow, &oo))
+        return NULL;
+    Buf w = {0}, o = {0};
+    if (get(ow, &w, "w", 2, ANY, 0) || get(oo, &o, "out", 2, F32, 1))
+        goto fail;
+    const Py_ssize_t R = dim(&w, 0), row_bytes = dim(&w, 1) * w.v.itemsize;
+    const Py_ssize_t K = row_values(qt, row_bytes);
+    if (K < 0)
+        goto fail;
+    if (dim(&o, 0) != R || dim(&o, 1) != K) {
+        PyErr_Format(PyExc_ValueError, "out must be (%zd, %zd) for %zd %s rows, got (%zd, %zd)", R,
+                     K, R, qt_name(qt), dim(&o, 0), dim(&o, 1));
+        goto fail;
+    }
+    {
+        const int isa = g_isa, nt = g_threads;
+        const uint8_t *wp = (const uint8_t *)w.v.buf;
+        float *op = (float *)o.v.buf;
+        Py_BEGIN_ALLOW_THREADS;
+        cpu_dequantize(isa, nt, qt, wp, (size_t)row_bytes, R, K, op);
+        Py_END_ALLOW_THREADS;
+    }
+    release(&w);
+    release(&o);
+    Py_RETURN_NONE;
+fail:
+    release(&w);
+    release(&o);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"isa", py_isa, METH_NOARGS, "isa() -> 'avx512' | 'avx2' | 'generic': the kernels in use."},
+    {"set_isa", py_set_isa, METH_O,
+     "set_isa(name): use a lower ISA's kernels (tests); ValueError if the CPU lacks it."},
+    {"supported_isas", py_supported_isas, METH_NOARGS,
+     "supported_isas() -> tuple of the ISA levels this CPU runs, lowest first."},
+    {"set_threads", py_set_threads, METH_O, "set_threads(n): OpenMP threads per call."},
+    {"get_threads", py_get_threads, METH_NOARGS, "get_threads() -> threads per call."},
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
+     "linear(qtype, w, x, out, col0=0): out[b, col0 + r] = sum_k W[r, k] * x[b, k].\n"
+     "w: (N, row_bytes) GGUF blocks (float32/uint16 values for F32/F16/BF16); x: (B, K)\n"
+     "float32; out: (B, ldo) float32. Row (b, r) is bitwise independent of B, the other\n"
+     "rows and the thread count."},
+    {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
+     "dequantize(qtype, w, out): w (R, row_bytes) -> out (R, K) float32, bitwise as gguf."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu",
+                                    "Compiled CPU kernels over GGUF blocks (see kernels/cpu/).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__cpu(void) {
+    g_best = cpu_best_isa();
+    g_isa = g_best;
+    const char *env = getenv("PANTHEON_CPU_ISA");
+    if (env && *env) {
+        const int i = isa_from_name(env);
+        if (i < 0) {
+            PyErr_Format(PyExc_ImportError,
+                         "PANTHEON_CPU_ISA=%s: use generic, avx2 or avx512", env);
+            return NULL;
+        }
+        if (i < g_isa)
+            g_isa = i; /* only ever lower: a higher level than the CPU runs would crash */
+    }
+    g_threads = usable_cores();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *q = PyDict_New();
+    if (q == NULL || PyModule_AddObject(m, "QTYPES", q) != 0) {
+        Py_XDECREF(q);
+        Py_DECREF(m);
+        return NULL;
+    }
+    static const int qts[] = {QT_F32,  QT_F16,  QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
+                              QT_Q8_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_BF16};
+    for (size_t i = 0; i < sizeof(qts) / sizeof(qts[0]); i++) {
+        PyObject *v = PyLong_FromLong(qts[i]);
+        if (v == NULL || PyDict_SetItemString(q, qt_name(qts[i]), v) != 0) {
+            Py_XDECREF(v);
+            Py_DECREF(m);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return m;
+}

@@ -1,0 +1,527 @@
+/* linear (W x) and dequantize over GGUF blocks: the portable C kernels, the AVX2 and
+ * AVX-512 ones (linear_simd.h compiled once per ISA), the ISA choice and the OpenMP
+ * drivers. Build with -ffp-contract=off: every fused multiply-add here is explicit,
+ * so one ISA's arithmetic is fixed by this source, not by the compiler's mood. */
+#include "quants.h"
+
+#include <stdlib.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+const char *qt_name(int qt) {
+    switch (qt) {
+    case QT_F32: return "F32";
+    case QT_F16: return "F16";
+    case QT_Q4_0: return "Q4_0";
+    case QT_Q4_1: return "Q4_1";
+    case QT_Q5_0: return "Q5_0";
+    case QT_Q5_1: return "Q5_1";
+    case QT_Q8_0: return "Q8_0";
+    case QT_Q4_K: return "Q4_K";
+    case QT_Q5_K: return "Q5_K";
+    case QT_Q6_K: return "Q6_K";
+    case QT_BF16: return "BF16";
+    default: return NULL;
+    }
+}
+
+int qt_block(int qt) {
+    switch (qt) {
+    case QT_F32: case QT_F16: case QT_BF16: return 1;
+    case QT_Q4_K: case QT_Q5_K: case QT_Q6_K: return 256;
+    default: return 32;
+    }
+}
+
+int qt_tsize(int qt) {
+    switch (qt) {
+    case QT_F32: return 4;
+    case QT_F16: case QT_BF16: return 2;
+    case QT_Q4_0: return 18;
+    case QT_Q4_1: return 20;
+    case QT_Q5_0: return 22;
+    case QT_Q5_1: return 24;
+    case QT_Q8_0: return 34;
+    case QT_Q4_K: return 144;
+    case QT_Q5_K: return 176;
+    case QT_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------------ portable C */
+
+/* Values of chunk c (32 values) of a row, computed exactly as gguf-py does. The
+ * generic kernel's product uses the same values (no fused multiply-add). */
+static inline __attribute__((always_inline)) void gen_chunk(const int qt, const uint8_t *row,
+                                                            int64_t c, float *w) {
+    switch (qt) {
+    case QT_Q4_0: {
+        const uint8_t *b = row + c * 18;
+        const float d = fp16_to_f32(rd16(b));
+        for (int i = 0; i < 16; i++) {
+            w[i] = d * (float)((b[2 + i] & 15) - 8);
+            w[i + 16] = d * (float)((b[2 + i] >> 4) - 8);
+        }
+        break;
+    }
+    case QT_Q4_1: {
+        const uint8_t *b = row + c * 20;
+        const float d = fp16_to_f32(rd16(b)), m = fp16_to_f32(rd16(b + 2));
+        for (int i = 0; i < 16; i++) {
+            w[i] = d * (float)(b[4 + i] & 15) + m;
+            w[i + 16] = d * (float)(b[4 + i] >> 4) + m;
+        }
+        break;
+    }
+    case QT_Q5_0: {
+        const uint8_t *b = row + c * 22;
+        const float d = fp16_to_f32(rd16(b));
+        const uint32_t qh = rd32(b + 2);
+        for (int i = 0; i < 16; i++) {
+            w[i] = d * (float)((int)((b[6 + i] & 15) | (((qh >> i) & 1) << 4)) - 16);
+            w[i + 16] = d * (float)((int)((b[6 + i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - 16);
+        }
+        break;
+    }
+    case QT_Q5_1: {
+        const uint8_t *b = row + c * 24;
+        const float d = fp16_to_f32(rd16(b)), m = fp16_to_f32(rd16(b + 2));
+        const uint32_t qh = rd32(b + 4);
+        for (int i = 0; i < 16; i++) {
+            w[i] = d * (float)((b[8 + i] & 15) | (((qh >> i) & 1) << 4)) + m;
+            w[i + 16] = d * (float)((b[8 + i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) + m;
+        }
+        break;
+    }
+    case QT_Q8_0: {
+        const uint8_t *b = row + c * 34;
+        const float d = fp16_to_f32(rd16(b));
+        for (int i = 0; i < 32; i++)
+            w[i] = (float)(int8_t)b[2 + i] * d;
+        break;
+    }
+    case QT_Q4_K:
+    case QT_Q5_K: {
+        const int ts = qt == QT_Q4_K ? 144 : 176;
+        const uint8_t *sb = row + (c >> 3) * ts;
+        const int j = (int)(c & 7);
+        int sc, mn;
+        kq_scale_min(sb + 4, j, &sc, &mn);
+        const float d = fp16_to_f32(rd16(sb)) * (float)sc;
+        const float m = fp16_to_f32(rd16(sb + 2)) * (float)mn;
+        const uint8_t *qs = sb + (qt == QT_Q4_K ? 16 : 48) + 32 * (j >> 1);
+        const int shift = 4 * (j & 1);
+        for (int i = 0; i < 32; i++) {
+            int q = (qs[i] >> shift) & 15;
+            if (qt == QT_Q5_K)
+                q |= ((sb[16 + i] >> j) & 1) << 4;
+            w[i] = d * (float)q - m;
+        }
+        break;
+    }
+    case QT_Q6_K: {
+        const uint8_t *sb = row + (c >> 3) * 210;
+        const int j = (int)(c & 7), g = j >> 2, s = j & 3;
+        const uint8_t *ql = sb + 64 * g + 32 * (s & 1), *qh = sb + 128 + 32 * g;
+        const int8_t *sc = (const int8_t *)(sb + 192);
+        const float d = fp16_to_f32(rd16(sb + 208));
+        const float d0 = d * (float)sc[2 * j], d1 = d * (float)sc[2 * j + 1];
+        for (int i = 0; i < 32; i++) {
+            const int q = ((ql[i] >> (4 * (s >> 1))) & 15) | (((qh[i] >> (2 * s)) & 3) << 4);
+            w[i] = (i < 16 ? d0 : d1) * (float)(q - 32);
+        }
+        break;
+    }
+    case QT_F32:
+        memcpy(w, row + c * 128, 128);
+        break;
+    case QT_F16:
+        for (int i = 0; i < 32; i++)
+            w[i] = fp16_to_f32(rd16(row + c * 64 + 2 * i));
+        break;
+    case QT_BF16:
+        for (int i = 0; i < 32; i++)
+            w[i] = bf16_to_f32(rd16(row + c * 64 + 2 * i));
+        break;
+    default:
+        break;
+    }
+}
+
+static inline float gen_val(int qt, const uint8_t *row, int64_t k) {
+    switch (qt) {
+    case QT_F32: {
+        float f;
+        memcpy(&f, row + 4 * k, 4);
+        return f;
+    }
+    case QT_F16: return fp16_to_f32(rd16(row + 2 * k));
+    case QT_BF16: return bf16_to_f32(rd16(row + 2 * k));
+    default: return 0.f;
+    }
+}
+
+#define GEN_BT 4
+
+/* One weight row times BT x-rows; 32 lane accumulators per x-row, summed in lane order. */
+static inline __attribute__((always_inline)) void gen_tile(const int qt, const uint8_t *row,
+                                                           const int BT, const float *x, int64_t K,
+                                                           float *out, int64_t ldo) {
+    const int64_t nch = K / 32;
+    float acc[GEN_BT][32];
+    float w[32];
+    for (int b = 0; b < BT; b++)
+        for (int i = 0; i < 32; i++)
+            acc[b][i] = 0.f;
+    for (int64_t c = 0; c < nch; c++) {
+        gen_chunk(qt, row, c, w);
+        for (int b = 0; b < BT; b++) {
+            const float *xp = x + b * K + c * 32;
+            for (int i = 0; i < 32; i++)
+                acc[b][i] += w[i] * xp[i];
+        }
+    }
+    for (int b = 0; b < BT; b++) {
+        float s = 0.f;
+        for (int i = 0; i < 32; i++)
+            s += acc[b][i];
+        for (int64_t k = nch * 32; k < K; k++)
+            s += gen_val(qt, row, k) * x[b * K + k];
+        out[b * ldo] = s;
+    }
+}
+
+#define GEN_TYPE(T, QT)                                                                          \
+    static void gen_rows_##T(const uint8_t *w, size_t rb, int64_t r0, int64_t r1, int64_t K,     \
+                             const float *x, int64_t B, float *out, int64_t ldo) {               \
+        for (int64_t r = r0; r < r1; r++)                                                        \
+            for (int64_t b0 = 0; b0 < B; b0 += GEN_BT) {                                         \
+                const float *xb = x + b0 * K;                                                    \
+                float *ob = out + b0 * ldo + r;                                                  \
+                switch (B - b0 < GEN_BT ? (int)(B - b0) : GEN_BT) {                              \
+                case 1: gen_tile(QT, w + r * rb, 1, xb, K, ob, ldo); break;                      \
+                case 2: gen_tile(QT, w + r * rb, 2, xb, K, ob, ldo); break;                      \
+                case 3: gen_tile(QT, w + r * rb, 3, xb, K, ob, ldo); break;                      \
+                default: gen_tile(QT, w + r * rb, 4, xb, K, ob, ldo); break;                     \
+                }                                                                                \
+            }                                                                                    \
+    }                                                                                            \
+    static void gen_deq_##T(const uint8_t *row, int64_t K, float *out) {                         \
+        const int64_t nch = K / 32;                                                              \
+        for (int64_t c = 0; c < nch; c++)                                                        \
+            gen_chunk(QT, row, c, out + c * 32);                                                 \
+        for (int64_t k = nch * 32; k < K; k++)                                                   \
+            out[k] = gen_val(QT, row, k);                                                        \
+    }
+
+GEN_TYPE(q4_0, QT_Q4_0)
+GEN_TYPE(q4_1, QT_Q4_1)
+GEN_TYPE(q5_0, QT_Q5_0)
+GEN_TYPE(q5_1, QT_Q5_1)
+GEN_TYPE(q8_0, QT_Q8_0)
+GEN_TYPE(q4_k, QT_Q4_K)
+GEN_TYPE(q5_k, QT_Q5_K)
+GEN_TYPE(q6_k, QT_Q6_K)
+GEN_TYPE(f32, QT_F32)
+GEN_TYPE(f16, QT_F16)
+GEN_TYPE(bf16, QT_BF16)
+
+#define SFX(name) name##_generic
+static linear_rows_fn SFX(linear_for)(int qt) {
+    switch (qt) {
+    case QT_F32: return gen_rows_f32;
+    case QT_F16: return gen_rows_f16;
+    case QT_BF16: return gen_rows_bf16;
+    case QT_Q4_0: return gen_rows_q4_0;
+    case QT_Q4_1: return gen_rows_q4_1;
+    case QT_Q5_0: return gen_rows_q5_0;
+    case QT_Q5_1: return gen_rows_q5_1;
+    case QT_Q8_0: return gen_rows_q8_0;
+    case QT_Q4_K: return gen_rows_q4_k;
+    case QT_Q5_K: return gen_rows_q5_k;
+    case QT_Q6_K: return gen_rows_q6_k;
+    default: return NULL;
+    }
+}
+static dequant_row_fn SFX(dequant_for)(int qt) {
+    switch (qt) {
+    case QT_F32: return gen_deq_f32;
+    case QT_F16: return gen_deq_f16;
+    case QT_BF16: return gen_deq_bf16;
+    case QT_Q4_0: return gen_deq_q4_0;
+    case QT_Q4_1: return gen_deq_q4_1;
+    case QT_Q5_0: return gen_deq_q5_0;
+    case QT_Q5_1: return gen_deq_q5_1;
+    case QT_Q8_0: return gen_deq_q8_0;
+    case QT_Q4_K: return gen_deq_q4_k;
+    case QT_Q5_K: return gen_deq_q5_k;
+    case QT_Q6_K: return gen_deq_q6_k;
+    default: return NULL;
+    }
+}
+#undef SFX
+
+/* ------------------------------------------------------------------ x86 SIMD */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PANTHEON_X86 1
+#include <immintrin.h>
+
+#if defined(__clang__)
+#define TARGET_BEGIN(t) _Pragma("clang attribute push(__attribute__((target(" t "))), apply_to = function)")
+#define TARGET_END _Pragma("clang attribute pop")
+#endif
+
+/* --- AVX2 + FMA + F16C: 8 lanes, 4 vectors per chunk */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#define SFX(name) name##_avx2
+typedef __m256 vf_avx2;
+#define vf vf_avx2
+#define W 8
+#define NV 4
+#define BTMAX 4
+#define ACCS 8
+#define VZERO _mm256_setzero_ps()
+#define VLOADU(p) _mm256_loadu_ps(p)
+#define VSTOREU(p, v) _mm256_storeu_ps(p, v)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSET1(a) _mm256_set1_ps(a)
+#define CVT16U(b, w)                                                                             \
+    do {                                                                                         \
+        (w)[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));                                    \
+        (w)[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));                 \
+    } while (0)
+#define CVT16S(b, w)                                                                             \
+    do {                                                                                         \
+        (w)[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));                                    \
+        (w)[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));                 \
+    } while (0)
+#define LDF16(p, w)                                                                              \
+    do {                                                                                         \
+        (w)[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p)));           \
+        (w)[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((p) + 16)));    \
+    } while (0)
+#define LDBF16(p, w)                                                                             \
+    do {                                                                                         \
+        (w)[0] = _mm256_castsi256_ps(_mm256_slli_epi32(                                          \
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p))), 16));    \
+        (w)[1] = _mm256_castsi256_ps(_mm256_slli_epi32(                                          \
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)((p) + 16))),   \
+            16));                                                                                \
+    } while (0)
+
+static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+#define VHSUM(v) hsum_avx2(v)
+#define TILE_CASES(T)                                                                            \
+    TILE_CASE(T, 1, 1) TILE_CASE(T, 1, 4) TILE_CASE(T, 2, 1) TILE_CASE(T, 2, 2)                  \
+        TILE_CASE(T, 3, 1) TILE_CASE(T, 4, 1)
+
+#include "linear_simd.h"
+
+#undef SFX
+#undef vf
+#undef W
+#undef NV
+#undef BTMAX
+#undef ACCS
+#undef VZERO
+#undef VLOADU
+#undef VSTOREU
+#undef VFMA
+#undef VMUL
+#undef VADD
+#undef VSET1
+#undef CVT16U
+#undef CVT16S
+#undef LDF16
+#undef LDBF16
+#undef VHSUM
+#undef TILE_CASES
+#undef TILE_CASE
+#undef DEF_TYPE
+#undef AI
+#undef LD128
+#undef H2F
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* --- AVX-512 F+BW+VL + FMA + F16C: 16 lanes, 2 vectors per chunk */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
+
+#define SFX(name) name##_avx512
+typedef __m512 vf_avx512;
+#define vf vf_avx512
+#define W 16
+#define NV 2
+#define BTMAX 8
+#define ACCS 16
+#define VZERO _mm512_setzero_ps()
+#define VLOADU(p) _mm512_loadu_ps(p)
+#define VSTOREU(p, v) _mm512_storeu_ps(p, v)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSET1(a) _mm512_set1_ps(a)
+#define CVT16U(b, w) ((w)[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)))
+#define CVT16S(b, w) ((w)[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)))
+#define LDF16(p, w)                                                                              \
+    ((w)[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
+#define LDBF16(p, w)                                                                             \
+    ((w)[0] = _mm512_castsi512_ps(_mm512_slli_epi32(                                             \
+         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16)))
+
+static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+#define VHSUM(v) hsum_avx512(v)
+#define TILE_CASES(T)                                                                            \
+    TILE_CASE(T, 1, 1) TILE_CASE(T, 1, 4) TILE_CASE(T, 2, 1) TILE_CASE(T, 2, 4)                  \
+        TILE_CASE(T, 3, 1) TILE_CASE(T, 3, 2) TILE_CASE(T, 4, 1) TILE_CASE(T, 4, 2)              \
+            TILE_CASE(T, 5, 1) TILE_CASE(T, 6, 1) TILE_CASE(T, 7, 1) TILE_CASE(T, 8, 1)
+
+#include "linear_simd.h"
+
+#undef SFX
+#undef vf
+#undef W
+#undef NV
+#undef BTMAX
+#undef ACCS
+#undef VZERO
+#undef VLOADU
+#undef VSTOREU
+#undef VFMA
+#undef VMUL
+#undef VADD
+#undef VSET1
+#undef CVT16U
+#undef CVT16S
+#undef LDF16
+#undef LDBF16
+#undef VHSUM
+#undef TILE_CASES
+#undef TILE_CASE
+#undef DEF_TYPE
+#undef AI
+#undef LD128
+#undef H2F
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#endif /* x86 */
+
+/* ------------------------------------------------------------------ dispatch */
+
+int cpu_best_isa(void) {
+#ifdef PANTHEON_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("avx2"))
+        return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return ISA_AVX2; /* F16C comes with every AVX2 CPU */
+#endif
+    return ISA_GENERIC;
+}
+
+linear_rows_fn linear_kernel(int isa, int qt) {
+#ifdef PANTHEON_X86
+    if (isa == ISA_AVX512)
+        return linear_for_avx512(qt);
+    if (isa == ISA_AVX2)
+        return linear_for_avx2(qt);
+#endif
+    (void)isa;
+    return linear_for_generic(qt);
+}
+
+dequant_row_fn dequant_kernel(int isa, int qt) {
+#ifdef PANTHEON_X86
+    if (isa == ISA_AVX512)
+        return dequant_for_avx512(qt);
+    if (isa == ISA_AVX2)
+        return dequant_for_avx2(qt);
+#endif
+    (void)isa;
+    return dequant_for_generic(qt);
+}
+
+/* Rows go to threads in fixed chunks of whole row groups; each output element is
+ * computed by one thread from start to end, so the thread count never changes a bit.
+ * Small products stay on the calling thread (a fork/join costs more than they do). */
+void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
+                int64_t K, const float *x, int64_t B, float *out, int64_t ldo) {
+    linear_rows_fn fn = linear_kernel(isa, qt);
+    if (fn == NULL || N <= 0 || B <= 0)
+        return;
+    const double work = (double)N * (double)row_bytes * (double)(B < 4 ? 1 : B / 4);
+    if (nthreads <= 1 || work < 65536.0) {
+        fn(w, row_bytes, 0, N, K, x, B, out, ldo);
+        return;
+    }
+    /* ~8 chunks per thread (load balance when another process holds a core), each a
+     * multiple of the 4-row group and at least 16 rows. */
+    int64_t chunk = (N + (int64_t)nthreads * 8 - 1) / ((int64_t)nthreads * 8);
+    chunk = (chunk + 3) & ~(int64_t)3;
+    if (chunk < 16)
+        chunk = 16;
+    const int64_t nchunks = (N + chunk - 1) / chunk;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+#endif
+    for (int64_t i = 0; i < nchunks; i++) {
+        const int64_t r0 = i * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
+        fn(w, row_bytes, r0, r1, K, x, B, out, ldo);
+    }
+}
+
+void cpu_dequantize(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes,
+                    int64_t R, int64_t K, float *out) {
+    dequant_row_fn fn = dequant_kernel(isa, qt);
+    if (fn == NULL || R <= 0)
+        return;
+    if (nthreads <= 1 || (double)R * (double)K < 65536.0) {
+        for (int64_t r = 0; r < R; r++)
+            fn(w + r * row_bytes, K, out + r * K);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+#endif
+    for (int64_t r = 0; r < R; r++)
+        fn(w + r * row_bytes, K, out + r * K);
+}

@@ -1,0 +1,104 @@
+/* Compiled CPU kernels for Pantheon (kernels._cpu): shared declarations.
+ *
+ * Weights stay in their GGUF blocks; every kernel decodes a block's quants to float32
+ * once and multiplies them against float32 activations (activations are never
+ * quantised). Row (b, r) of a product always goes through the same sequence of float
+ * operations whatever the batch size, the other rows or the thread count: the batch
+ * and thread invariance the engine's decode relies on. */
+#ifndef PANTHEON_CPU_QUANTS_H
+#define PANTHEON_CPU_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+enum {
+    QT_F32 = 0,
+    QT_F16 = 1,
+    QT_Q4_0 = 2,
+    QT_Q4_1 = 3,
+    QT_Q5_0 = 6,
+    QT_Q5_1 = 7,
+    QT_Q8_0 = 8,
+    QT_Q4_K = 12,
+    QT_Q5_K = 13,
+    QT_Q6_K = 14,
+    QT_BF16 = 30,
+    QT_MAX = 31
+};
+
+enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_COUNT = 3 };
+
+/* Name of a supported type, or NULL. Block size (values) and type size (bytes). */
+const char *qt_name(int qt);
+int qt_block(int qt);
+int qt_tsize(int qt);
+
+/* Rows [r0, r1) of W (row_bytes apart) times x (B, K): out[b * ldo + r] for r in
+ * [r0, r1). `out` already points at column col0. */
+typedef void (*linear_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
+                               int64_t K, const float *x, int64_t B, float *out, int64_t ldo);
+/* One row of K values, decoded exactly as gguf-py's dequantizer computes them. */
+typedef void (*dequant_row_fn)(const uint8_t *row, int64_t K, float *out);
+
+linear_rows_fn linear_kernel(int isa, int qt);
+dequant_row_fn dequant_kernel(int isa, int qt);
+
+/* Highest ISA this CPU runs (ISA_*). */
+int cpu_best_isa(void);
+
+/* Threaded drivers (OpenMP). */
+void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
+                int64_t K, const float *x, int64_t B, float *out, int64_t ldo);
+void cpu_dequantize(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes,
+                    int64_t R, int64_t K, float *out);
+
+static inline uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* IEEE half -> float, exact (subnormals, inf and NaN included). */
+static inline float fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    float f;
+    if (exp == 0) {
+        f = (float)man * 5.9604644775390625e-08f; /* man * 2^-24, exact */
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block. */
+static inline void kq_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+#endif

@@ -1,0 +1,29 @@
+"""Builds kernels._cpu, the compiled CPU kernels (kernels/cpu/*.c), in place.
+
+`make` runs `python setup.py -q build_ext --inplace` when the sources change; `pip install
+-e .` builds it too. The extension is optional: where it does not compile (no C compiler,
+no OpenMP) the install still succeeds and the server runs on the numpy backend.
+
+No -march=native: the binary runs on any x86-64 and picks its AVX-512 / AVX2 / portable
+kernels at import (kernels/cpu/linear.c). -ffp-contract=off: the kernels' fused
+multiply-adds are all explicit, which is what keeps their arithmetic fixed.
+"""
+
+from setuptools import Extension, setup
+
+CPU_SOURCES = ["kernels/cpu/_cpu.c", "kernels/cpu/linear.c"]
+CPU_HEADERS = ["kernels/cpu/quants.h", "kernels/cpu/linear_simd.h"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "kernels._cpu",
+            sources=CPU_SOURCES,
+            depends=CPU_HEADERS,
+            include_dirs=["kernels/cpu"],
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"],
+            extra_link_args=["-fopenmp"],
+            optional=True,
+        )
+    ]
+)

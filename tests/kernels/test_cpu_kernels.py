@@ -1,0 +1,285 @@
+"""The compiled CPU kernels (kernels._cpu) against gguf-py's dequantizers, on every ISA
+level this CPU runs: dequantize is bitwise gguf's; linear is the float32 product within
+float32 rounding, and a row's bits never depend on the batch, its neighbours, its column
+offset or the thread count."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+try:
+    from kernels import _cpu
+except ImportError as exc:  # pragma: no cover - depends on the build
+    _reason = f"kernels._cpu is not built ({exc}); run `make cpu-kernels`"
+    if os.environ.get("PANTHEON_TESTS_STRICT") == "1":
+        pytest.fail(_reason, pytrace=False)
+    pytest.skip(_reason, allow_module_level=True)
+
+QTYPES = dict(_cpu.QTYPES)
+ISAS = _cpu.supported_isas()
+FLOAT_TYPES = {"F32", "F16", "BF16"}
+K_QUANTS = {"Q4_K", "Q5_K", "Q6_K"}
+# gguf-py quantises these itself; the K-quants it only dequantises (random blocks then).
+GGUF_QUANTISES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16"}
+
+
+def f16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(*values.shape, 2)
+
+
+def make_weights(name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid weights of type `name`, as the GGUF file holds them: (n, row_bytes) uint8
+    blocks, or the (n, k) float32 / uint16 values of a float type."""
+    values = rng.standard_normal((n, k)).astype(np.float32) * 0.5
+    qtype = GGMLQuantizationType[name]
+    if name == "F32":
+        return values
+    if name == "F16":
+        return values.astype(np.float16).view(np.uint16)
+    if name in GGUF_QUANTISES:
+        w = quants.quantize(values, qtype)
+        return w.view(np.uint16).reshape(n, k) if name == "BF16" else w
+    # Random K-quant blocks with finite, moderate f16 super-block scales.
+    bs, ts = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (n, k // bs, ts), dtype=np.uint8)
+    scale = rng.uniform(0.001, 0.05, (n, k // bs))
+    if name == "Q6_K":
+        blocks[..., 208:210] = f16_bytes(scale * rng.choice([-1, 1], scale.shape))
+    else:
+        blocks[..., 0:2] = f16_bytes(scale)
+        blocks[..., 2:4] = f16_bytes(rng.uniform(0.0, 0.05, scale.shape))
+    return blocks.reshape(n, -1)
+
+
+def oracle(name: str, w: np.ndarray) -> np.ndarray:
+    """gguf-py's float32 values of w."""
+    if name == "F32":
+        return w
+    if name == "F16":
+        return w.view(np.float16).astype(np.float32)
+    return quants.dequantize(np.ascontiguousarray(w).view(np.uint8), GGMLQuantizationType[name])
+
+
+def ks_for(name: str) -> list[int]:
+    if name in K_QUANTS:
+        return [256, 512, 768]
+    if name in FLOAT_TYPES:
+        return [32, 576, 7, 45]  # float rows have no blocks: odd K exercise the tail
+    return [32, 64, 288, 576]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    before = _cpu.isa()
+    _cpu.set_isa(request.param)
+    yield request.param
+    _cpu.set_isa(before)
+
+
+@pytest.fixture
+def threads():
+    before = _cpu.get_threads()
+    yield _cpu.set_threads
+    _cpu.set_threads(before)
+
+
+def test_module_reports_its_types_isa_and_threads():
+    assert QTYPES == {
+        "F32": 0,
+        "F16": 1,
+        "Q4_0": 2,
+        "Q4_1": 3,
+        "Q5_0": 6,
+        "Q5_1": 7,
+        "Q8_0": 8,
+        "Q4_K": 12,
+        "Q5_K": 13,
+        "Q6_K": 14,
+        "BF16": 30,
+    }
+    for name, qt in QTYPES.items():
+        assert int(GGMLQuantizationType[name]) == qt
+    assert ISAS[0] == "generic" and _cpu.isa() in ISAS
+    assert _cpu.get_threads() >= 1
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+def test_dequantize_is_bitwise_gguf(isa, name):
+    rng = np.random.default_rng(1)
+    for n, k in [(1, ks_for(name)[0]), (17, ks_for(name)[-1]), (5, ks_for(name)[1])]:
+        w = make_weights(name, n, k, rng)
+        out = np.full((n, k), np.nan, dtype=np.float32)
+        _cpu.dequantize(QTYPES[name], w, out)
+        ref = oracle(name, w)
+        assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), (isa, name, n, k)
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+def test_linear_is_the_float32_product(isa, name):
+    rng = np.random.default_rng(2)
+    for k in ks_for(name):
+        for n in (1, 17):
+            w = make_weights(name, n, k, rng)
+            wf = oracle(name, w).astype(np.float64)
+            x = rng.standard_normal((9, k)).astype(np.float32)
+            out = np.full((9, n), np.nan, dtype=np.float32)
+            _cpu.linear(QTYPES[name], w, x, out)
+            ref = x.astype(np.float64) @ wf.T
+            bound = 1e-5 * (np.abs(x.astype(np.float64)) @ np.abs(wf).T) + 1e-30
+            assert np.all(np.abs(out - ref) <= bound), (isa, name, n, k)
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+def test_a_row_has_the_same_bits_in_any_batch_beside_any_rows_at_any_column(isa, name):
+    rng = np.random.default_rng(3)
+    k = ks_for(name)[-1] if name not in FLOAT_TYPES else 45
+    n = 23
+    w = make_weights(name, n, k, rng)
+    qt = QTYPES[name]
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    alone = []
+    for b in range(9):
+        o = np.empty((1, n), dtype=np.float32)
+        _cpu.linear(qt, w, x[b : b + 1], o)
+        alone.append(o[0])
+    for B in range(1, 10):
+        out = np.empty((B, n), dtype=np.float32)
+        _cpu.linear(qt, w, x[:B], out)
+        for b in range(B):
+            assert np.array_equal(out[b], alone[b]), (isa, name, B, b)
+    # Other neighbours, another position in the batch, a column offset in a wider out.
+    order = [6, 2, 8, 0, 4]
+    mixed = np.concatenate([x[order], rng.standard_normal((3, k)).astype(np.float32) * 100])
+    wide = np.full((8, n + 11), np.nan, dtype=np.float32)
+    _cpu.linear(qt, w, mixed, wide, col0=7)
+    for j, b in enumerate(order):
+        assert np.array_equal(wide[j, 7 : 7 + n], alone[b]), (isa, name, b)
+    assert np.isnan(wide[:, :7]).all() and np.isnan(wide[:, 7 + n :]).all()
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "Q5_0"])
+def test_the_thread_count_changes_no_bit(isa, threads, name):
+    rng = np.random.default_rng(4)
+    k = 512 if name in K_QUANTS else 576
+    n = 333  # several thread chunks, not a multiple of any of them
+    w = make_weights(name, n, k, rng)
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    results = []
+    for t in (1, 2, 3):
+        threads(t)
+        out = np.empty((5, n), dtype=np.float32)
+        _cpu.linear(QTYPES[name], w, x, out)
+        deq = np.empty((n, k), dtype=np.float32)
+        _cpu.dequantize(QTYPES[name], w, deq)
+        results.append((out, deq))
+    for out, deq in results[1:]:
+        assert np.array_equal(out, results[0][0])
+        assert np.array_equal(deq, results[0][1])
+
+
+def test_isas_agree_within_rounding():
+    rng = np.random.default_rng(5)
+    w = make_weights("Q4_1", 64, 576, rng)
+    x = rng.standard_normal((3, 576)).astype(np.float32)
+    before = _cpu.isa()
+    outs = []
+    try:
+        for level in ISAS:
+            _cpu.set_isa(level)
+            out = np.empty((3, 64), dtype=np.float32)
+            _cpu.linear(QTYPES["Q4_1"], w, x, out)
+            outs.append(out)
+    finally:
+        _cpu.set_isa(before)
+    for out in outs[1:]:
+        np.testing.assert_allclose(out, outs[0], rtol=1e-4, atol=1e-4)
+
+
+def test_env_var_forces_a_lower_isa_only():
+    code = "from kernels import _cpu; print(_cpu.isa())"
+    env = dict(os.environ, PANTHEON_CPU_ISA="generic")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "generic"
+    env["PANTHEON_CPU_ISA"] = "sse9"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode != 0 and "PANTHEON_CPU_ISA" in run.stderr
+    with pytest.raises(ValueError):
+        _cpu.set_isa("sse9")
+
+
+def test_bad_inputs_raise_instead_of_crashing():
+    rng = np.random.default_rng(6)
+    qt = QTYPES["Q4_1"]
+    w = make_weights("Q4_1", 8, 64, rng)  # (8, 40) bytes
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    out = np.empty((2, 8), dtype=np.float32)
+    _cpu.linear(qt, w, x, out)  # the valid call
+
+    with pytest.raises(ValueError, match="bytes"):
+        _cpu.linear(qt, w[:, :39].copy(), x, out)  # not whole blocks
+    with pytest.raises(ValueError, match="K=96"):
+        _cpu.linear(qt, w, rng.standard_normal((2, 96)).astype(np.float32), out)
+    with pytest.raises(ValueError, match="K=32"):
+        _cpu.linear(qt, w, x[:, :32].copy(), out)
+    with pytest.raises(TypeError, match="float32"):
+        _cpu.linear(qt, w, x.astype(np.float64), out)
+    with pytest.raises(TypeError, match="float32"):
+        _cpu.linear(qt, w, x, out.astype(np.float16))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _cpu.linear(qt, w, np.asfortranarray(np.ones((2, 64), np.float32)), out)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _cpu.linear(qt, np.concatenate([w, w], axis=1)[:, ::2], x, out)
+    with pytest.raises(ValueError, match="columns"):
+        _cpu.linear(qt, w, x, np.empty((2, 7), np.float32))
+    with pytest.raises(ValueError, match="columns"):
+        _cpu.linear(qt, w, x, np.empty((2, 12), np.float32), col0=5)
+    with pytest.raises(ValueError, match="columns"):
+        _cpu.linear(qt, w, x, out, col0=-1)
+    with pytest.raises(ValueError, match="rows"):
+        _cpu.linear(qt, w, x, np.empty((3, 8), np.float32))
+    readonly = np.empty((2, 8), np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        _cpu.linear(qt, w, x, readonly)
+    with pytest.raises(ValueError, match="2-D"):
+        _cpu.linear(qt, w.ravel(), x, out)
+    with pytest.raises(ValueError, match="no compiled kernel"):
+        _cpu.linear(16, w, x, out)  # IQ2_XXS
+    with pytest.raises(TypeError):
+        _cpu.linear(qt, "weights", x, out)
+    with pytest.raises(TypeError):
+        _cpu.linear("Q4_1", w, x, out)
+
+    deq = np.empty((8, 64), np.float32)
+    _cpu.dequantize(qt, w, deq)
+    with pytest.raises(ValueError, match=r"\(8, 64\)"):
+        _cpu.dequantize(qt, w, np.empty((8, 63), np.float32))
+    with pytest.raises(ValueError, match=r"\(8, 64\)"):
+        _cpu.dequantize(qt, w, np.empty((9, 64), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        _cpu.dequantize(qt, w, np.empty((8, 64), np.float64))
+    with pytest.raises(ValueError, match="bytes"):
+        _cpu.dequantize(QTYPES["Q4_K"], w, deq)
+
+    with pytest.raises(ValueError):
+        _cpu.set_threads(0)
+    with pytest.raises(TypeError):
+        _cpu.set_isa(3)
+
+
+def test_empty_products_are_fine():
+    w = np.zeros((0, 20), np.uint8)
+    x = np.ones((3, 32), np.float32)
+    out = np.full((3, 4), 7.0, np.float32)
+    _cpu.linear(QTYPES["Q4_1"], w, x, out, col0=4)
+    assert (out == 7.0).all()
+    _cpu.linear(QTYPES["F32"], np.zeros((4, 0), np.float32), np.ones((3, 0), np.float32), out)
+    assert (out == 0.0).all()
