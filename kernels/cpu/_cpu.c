@@ -321,6 +321,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__cpu(void) {
+    f16_table_init();
     g_best = cpu_best_isa();
     g_isa = g_best;
     const char *env = getenv("PANTHEON_CPU_ISA");

@@ -51,6 +51,13 @@ int qt_tsize(int qt) {
     }
 }
 
+float f16_table[65536];
+
+void f16_table_init(void) {
+    for (uint32_t h = 0; h < 65536; h++)
+        f16_table[h] = fp16_to_f32((uint16_t)h);
+}
+
 /* ------------------------------------------------------------------ portable C */
 
 /* Values of chunk c (32 values) of a row, computed exactly as gguf-py does. The
@@ -357,6 +364,7 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #undef AI
 #undef LD128
 #undef H2F
+#undef T2F
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -373,6 +381,10 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #endif
 
 #define SFX(name) name##_avx512
+/* 4- and 5-bit quants: the chunk's 16 (32) possible values computed once, then looked up
+ * by permutes (vpermps / vpermt2ps use only the index's low 4 / 5 bits). */
+#define PERM16 1
+#define IOTA16 _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f, 14.f, 15.f)
 typedef __m512 vf_avx512;
 #define vf vf_avx512
 #define W 16
@@ -434,6 +446,9 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 #undef AI
 #undef LD128
 #undef H2F
+#undef T2F
+#undef PERM16
+#undef IOTA16
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -12,6 +12,9 @@
  * exact = 0 (the product) fuses them into one FMA per vector. */
 
 #define AI static inline __attribute__((always_inline))
+#ifndef PF_GROUPS
+#define PF_GROUPS 2
+#endif
 
 AI void SFX(affine)(vf *w, float d0, float d1, float m0, float m1, int has_m, int exact) {
     const vf vd0 = VSET1(d0), vd1 = VSET1(d1), vm0 = VSET1(m0), vm1 = VSET1(m1);
@@ -37,9 +40,19 @@ AI __m128i SFX(bits16)(uint32_t m) {
 
 #define LD128(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
 #define H2F(p) _cvtsh_ss(rd16(p))
+#define T2F(p) f16_table[rd16(p)]
 
 AI void SFX(chunk_q4_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const uint8_t *b = row + c * 18;
+#ifdef PERM16
+    if (!exact) {
+        const __m512i v = _mm512_cvtepu8_epi32(LD128(b + 2));
+        const __m512 t = _mm512_mul_ps(_mm512_sub_ps(IOTA16, VSET1(8.f)), VSET1(T2F(b)));
+        w[0] = _mm512_permutexvar_ps(v, t);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t);
+        return;
+    }
+#endif
     const __m128i q = LD128(b + 2), m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
     CVT16S(_mm_sub_epi8(_mm_and_si128(q, m4), k8), w);
     CVT16S(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8), w + NV / 2);
@@ -49,6 +62,15 @@ AI void SFX(chunk_q4_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
 
 AI void SFX(chunk_q4_1)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const uint8_t *b = row + c * 20;
+#ifdef PERM16
+    if (!exact) {
+        const __m512i v = _mm512_cvtepu8_epi32(LD128(b + 4));
+        const __m512 t = _mm512_fmadd_ps(IOTA16, VSET1(T2F(b)), VSET1(T2F(b + 2)));
+        w[0] = _mm512_permutexvar_ps(v, t);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t);
+        return;
+    }
+#endif
     const __m128i q = LD128(b + 4), m4 = _mm_set1_epi8(0x0f);
     CVT16U(_mm_and_si128(q, m4), w);
     CVT16U(_mm_and_si128(_mm_srli_epi16(q, 4), m4), w + NV / 2);
@@ -59,6 +81,19 @@ AI void SFX(chunk_q4_1)(const uint8_t *row, int64_t c, vf *w, int exact) {
 AI void SFX(chunk_q5_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const uint8_t *b = row + c * 22;
     const uint32_t qh = rd32(b + 2);
+#ifdef PERM16
+    if (!exact) {
+        const __m512i v = _mm512_cvtepu8_epi32(LD128(b + 6)), k16 = _mm512_set1_epi32(16);
+        const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(15));
+        const __m512i hi = _mm512_srli_epi32(v, 4);
+        const __m512 d = VSET1(T2F(b));
+        const __m512 t0 = _mm512_mul_ps(_mm512_sub_ps(IOTA16, VSET1(16.f)), d);
+        const __m512 t1 = _mm512_mul_ps(IOTA16, d);
+        w[0] = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(lo, (__mmask16)qh, lo, k16), t1);
+        w[1] = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, k16), t1);
+        return;
+    }
+#endif
     const __m128i q = LD128(b + 6), m4 = _mm_set1_epi8(0x0f), k16 = _mm_set1_epi8(16);
     const __m128i lo = _mm_or_si128(_mm_and_si128(q, m4), SFX(bits16)(qh));
     const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), SFX(bits16)(qh >> 16));
@@ -71,6 +106,19 @@ AI void SFX(chunk_q5_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
 AI void SFX(chunk_q5_1)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const uint8_t *b = row + c * 24;
     const uint32_t qh = rd32(b + 4);
+#ifdef PERM16
+    if (!exact) {
+        const __m512i v = _mm512_cvtepu8_epi32(LD128(b + 8)), k16 = _mm512_set1_epi32(16);
+        const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(15));
+        const __m512i hi = _mm512_srli_epi32(v, 4);
+        const __m512 d = VSET1(T2F(b)), m = VSET1(T2F(b + 2));
+        const __m512 t0 = _mm512_fmadd_ps(IOTA16, d, m);
+        const __m512 t1 = _mm512_fmadd_ps(_mm512_add_ps(IOTA16, VSET1(16.f)), d, m);
+        w[0] = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(lo, (__mmask16)qh, lo, k16), t1);
+        w[1] = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(hi, (__mmask16)(qh >> 16), hi, k16), t1);
+        return;
+    }
+#endif
     const __m128i q = LD128(b + 8), m4 = _mm_set1_epi8(0x0f);
     CVT16U(_mm_or_si128(_mm_and_si128(q, m4), SFX(bits16)(qh)), w);
     CVT16U(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), SFX(bits16)(qh >> 16)),
@@ -91,6 +139,18 @@ AI void SFX(chunk_q4_k)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const uint8_t *sb = row + (c >> 3) * 144;
     const int j = (int)(c & 7);
     const uint8_t *qs = sb + 16 + 32 * (j >> 1);
+#ifdef PERM16
+    if (!exact) {
+        int sc, mn;
+        kq_scale_min(sb + 4, j, &sc, &mn);
+        const __m512 t = _mm512_fmadd_ps(IOTA16, VSET1(T2F(sb) * (float)sc),
+                                         VSET1(-(T2F(sb + 2) * (float)mn)));
+        const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1));
+        w[0] = _mm512_permutexvar_ps(_mm512_srl_epi32(_mm512_cvtepu8_epi32(LD128(qs)), sh), t);
+        w[1] = _mm512_permutexvar_ps(_mm512_srl_epi32(_mm512_cvtepu8_epi32(LD128(qs + 16)), sh), t);
+        return;
+    }
+#endif
     const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1)), m4 = _mm_set1_epi8(0x0f);
     CVT16U(_mm_and_si128(_mm_srl_epi16(LD128(qs), sh), m4), w);
     CVT16U(_mm_and_si128(_mm_srl_epi16(LD128(qs + 16), sh), m4), w + NV / 2);
@@ -180,7 +240,13 @@ AI float SFX(val_none)(const uint8_t *row, int64_t k) {
         for (int r = 0; r < R; r++)                                                              \
             for (int b = 0; b < BT; b++)                                                         \
                 acc[r][b][0] = acc[r][b][1] = VZERO;                                             \
+        /* Software prefetch PF_GROUPS row groups ahead: the rows are one contiguous      \
+         * stream read at R points at once, which the hardware prefetchers follow poorly. */ \
+        const size_t cb = rb * 32 / (size_t)K, step = (size_t)R * cb;                            \
+        const uint8_t *pf = w + (size_t)PF_GROUPS * R * rb;                                      \
         for (int64_t c = 0; c < nch; c++) {                                                      \
+            for (size_t off = 0; off < step; off += 64)                                          \
+                _mm_prefetch((const char *)(pf + (size_t)c * step + off), _MM_HINT_T0);          \
             for (int r = 0; r < R; r++) {                                                        \
                 vf wv[NV];                                                                       \
                 SFX(chunk_##T)(w + r * rb, c, wv, 0);                                            \

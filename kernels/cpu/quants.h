@@ -83,6 +83,11 @@ static inline float fp16_to_f32(uint16_t h) {
     return f;
 }
 
+/* fp16 -> f32 for every half (256 KiB, filled at import by f16_table_init): the product
+ * kernels broadcast a block's scale straight from memory instead of converting it. */
+extern float f16_table[65536];
+void f16_table_init(void);
+
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;
