@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels import CPU_KERNEL_TYPES
+
 # Mirrors the engine's DEFAULT_CTX_CAP (the window when ctx_cap is 0); only estimates use it.
 ENGINE_DEFAULT_CTX = 8192
 
@@ -74,6 +76,9 @@ class ModelFileInfo:
     architecture: str
     quantization: str
     n_params: int
+    # Weight bytes on the compiled CPU backend: tensors of a type with a kernel as the
+    # file holds them, the others as float32 (what the fallback dequantises them to).
+    block_bytes: int
     context_length: int  # 0 = not in the metadata
     n_layer: int
     n_kv_head: int
@@ -84,11 +89,17 @@ class ModelFileInfo:
         train = self.context_length or ENGINE_DEFAULT_CTX
         return min(ctx_cap, train) if ctx_cap > 0 else min(train, ENGINE_DEFAULT_CTX)
 
-    def estimate_bytes(self, ctx_cap: int, max_sessions: int) -> int:
-        """Float32 weights (the engine dequantises at load) plus float32 K and V for
-        `max_sessions` sessions of the served window."""
+    def weight_bytes(self, kernel: str) -> int:
+        """Weights in memory: the file's blocks on the compiled `cpu` kernels, float32
+        on the numpy reference (which dequantises at load)."""
+        return self.block_bytes if kernel == "cpu" else self.n_params * 4
+
+    def estimate_bytes(self, ctx_cap: int, max_sessions: int, kernel: str = "numpy") -> int:
+        """Weights as `kernel` holds them plus float32 K and V for `max_sessions` sessions
+        of the served window."""
         kv_per_token = 2 * self.n_layer * self.n_kv_head * self.head_dim * 4
-        return self.n_params * 4 + kv_per_token * self.context(ctx_cap) * max(1, max_sessions)
+        kv = kv_per_token * self.context(ctx_cap) * max(1, max_sessions)
+        return self.weight_bytes(kernel) + kv
 
 
 _cache_lock = threading.Lock()
@@ -142,6 +153,7 @@ def _read(gf, size: int) -> ModelFileInfo:
         architecture=gf.architecture,
         quantization=gf.quantization,
         n_params=gf.n_params,
+        block_bytes=gf.block_bytes(CPU_KERNEL_TYPES),
         context_length=arch_int("context_length"),
         n_layer=arch_int("block_count"),
         n_kv_head=arch_int("attention.head_count_kv") or n_head,

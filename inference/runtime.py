@@ -467,7 +467,11 @@ class Runtime:
         return [i.spec.name for i in candidates[:excess]]
 
     def _admit(self, spec: LoadSpec, info: ModelFileInfo, victims: list[str]) -> None:
-        need = info.estimate_bytes(spec.ctx_cap, spec.max_sessions)
+        try:
+            kernel = kernels.get_backend(spec.engine_config().backend).name
+        except ValueError:  # refused again, clearly, by the load itself
+            kernel = "numpy"
+        need = info.estimate_bytes(spec.ctx_cap, spec.max_sessions, kernel)
         with self._lock:
             freed = sum(self._instances[v].svc.memory_bytes for v in victims)
         reserve = _setting("PANTHEON_MEMORY_RESERVE_BYTES", 0)
@@ -475,7 +479,7 @@ class Runtime:
         if need > free:
             raise InsufficientMemory(
                 f"not enough memory to load {spec.name!r}: it needs about {need} bytes "
-                f"({_gib(need)}: float32 weights plus KV for {spec.max_sessions} sessions of "
+                f"({_gib(need)}: {kernel} weights plus float32 KV for {spec.max_sessions} sessions of "
                 f"{info.context(spec.ctx_cap)} tokens) but {max(free, 0)} bytes "
                 f"({_gib(max(free, 0))}) are free after the {reserve}-byte reserve; "
                 f"lower ctx_cap or max_sessions, or unload a model"

@@ -58,6 +58,10 @@ log = logging.getLogger("pantheon.http")
 T = TypeVar("T")
 
 
+def _backend_setting() -> str:
+    return getattr(settings, "PANTHEON_ENGINE_OPTIONS", {}).get("backend", "auto")
+
+
 class HealthView(APIView):
     """GET /: always 200; says what this process runs on and what is (still) loading."""
 
@@ -68,11 +72,17 @@ class HealthView(APIView):
             "service": "pantheon",
             "status": "ok",
             "backend": kernels.backend_name(),
+            # The compiled CPU kernels, or "numpy" when they could not be built: said, not
+            # silent (each model's row says what it loaded with).
+            "kernel": kernels.kernel_name(_backend_setting()),
             "build": build_id(),
             "accelerator": any(svc.on_accelerator for svc in services.values()),
             "dies_visible": kernels.dies_visible(),
             "models": {name: s.state for name, s in states.items()},
         }
+        isa = kernels.kernel_isa(_backend_setting())
+        if isa:
+            body["kernel_isa"] = isa
         load_errors = {name: s.error for name, s in states.items() if s.state == FAILED}
         if load_errors:
             body["load_errors"] = load_errors

@@ -1,9 +1,12 @@
-"""Compute backends behind one interface (kernels.backend.Backend): the numpy reference
-now; quantised CPU kernels and CuPy are further backends behind the same seam.
+"""Compute backends behind one interface (kernels.backend.Backend): the numpy reference,
+and the compiled CPU kernels (`cpu`: GGUF blocks kept as they are, kernels/cpu/) when the
+extension was built. CuPy is a further backend behind the same seam.
 
 Nothing here imports Django. `backend_name()` answers "what can this process run on?":
 `cuda` when CuPy is installed and sees at least one usable device, else `cpu`.
-`get_backend(name)` is how a model chooses its kernels at load time.
+`get_backend(name)` is how a model chooses its kernels at load time; "auto" is the
+compiled CPU backend when it was built, else numpy (`kernel_name()` says which, and
+GET / reports it: never a silent fallback).
 """
 
 from __future__ import annotations
@@ -28,15 +31,52 @@ def backend_name() -> str:
     return "cuda" if dies_visible() > 0 else "cpu"
 
 
-def _numpy() -> Backend:
+# The GGUF types the compiled CPU kernels compute on as blocks (the extension's QTYPES;
+# named here too so that memory estimates need not import it).
+CPU_KERNEL_TYPES = frozenset(
+    ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+)
+
+
+def _make_numpy() -> Backend:
     from .numpy_backend import NumpyBackend
 
     return NumpyBackend()
 
 
+def _make_cpu() -> Backend:
+    from .cpu_backend import CpuBackend
+
+    return CpuBackend()
+
+
+def _make_auto() -> Backend:
+    from .cpu_backend import load_extension
+
+    return get_backend("cpu" if load_extension() is not None else "numpy")
+
+
 # name -> factory. A backend registers here and nowhere else: models never name one.
-BACKENDS = {"numpy": _numpy}
-DEFAULT_BACKEND = "numpy"
+BACKENDS = {"numpy": _make_numpy, "cpu": _make_cpu, "auto": _make_auto}
+DEFAULT_BACKEND = "auto"
+
+
+def kernel_name(name: str = DEFAULT_BACKEND) -> str:
+    """What backend `name` computes with: "cpu" (compiled kernels) or "numpy" (also
+    when "cpu" was asked for but the extension is not built: loads then fail, clearly)."""
+    try:
+        return get_backend(name).name
+    except ValueError:
+        return "numpy"
+
+
+def kernel_isa(name: str = DEFAULT_BACKEND) -> str | None:
+    """The SIMD level the compiled kernels chose at import ("avx512", "avx2",
+    "generic"); None on the numpy backend."""
+    try:
+        return getattr(get_backend(name), "isa", None)
+    except ValueError:
+        return None
 
 
 @functools.cache

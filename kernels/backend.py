@@ -63,6 +63,21 @@ class Backend(ABC):
         """A matrix (out, in) kept in GGUF block layout: `blocks` is (out, bytes per row)
         uint8, exactly the file's bytes."""
 
+    def stacked_weight(self, parts: list[Weight]) -> Weight:
+        """Block matrices stacked along `out` (q, k and v as one matrix, one matmul).
+        Default: one block matrix when the parts share a type (block rows are independent,
+        so stacking matrices is stacking their rows), else dequantised into one dense
+        matrix. A backend with a kernel per type may keep the parts apart instead
+        (kernels.cpu_backend: no copy of the file's bytes)."""
+        from .numpy_backend import dequantize_rows
+
+        k = parts[0].shape[1]
+        if len({p.storage for p in parts}) == 1:
+            blocks = np.concatenate([p.data for p in parts])
+            return self.block_weight(blocks, parts[0].meta["qtype"], (len(blocks), k))
+        values = [dequantize_rows(p.data, p.meta["qtype"], np.float32) for p in parts]
+        return self.dense_weight(np.concatenate(values))
+
     @abstractmethod
     def vector(self, array: np.ndarray) -> Array:
         """A small float32 parameter (a norm weight, a bias) in the backend's memory."""

@@ -45,6 +45,13 @@ class KVCache:
         if start + T > self._high_water[slot]:
             self._high_water[slot] = start + T
 
+    def note_written(self, slots, ends) -> None:
+        """A kernel wrote positions up to `ends[i]` of `slots[i]` itself (compiled decode
+        attention): keep the per-slot high-water marks that `release` relies on."""
+        for slot, end in zip(slots, ends, strict=True):
+            if end > self._high_water[slot]:
+                self._high_water[slot] = int(end)
+
     def view(self, layer: int, slot: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values for positions 0 .. end: (Hkv, end, Dh) each, no copy."""
         return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]

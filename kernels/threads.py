@@ -65,7 +65,23 @@ def configure(threads: int = 0) -> int:
             log.warning("BLAS threads could not be limited to %d", n, exc_info=True)
         _state["threads"] = n
     log.info("engine CPU threads: BLAS limited to %d (of %d usable cores)", n, usable_cores())
+    _set_kernel_threads(n)
     return n
+
+
+def configured() -> int:
+    """The thread count `configure` set (default_threads() before any call)."""
+    return _state["threads"] or default_threads()
+
+
+def _set_kernel_threads(n: int) -> None:
+    """The compiled kernels' pool (kernels._cpu, when built) is the same size: the engine
+    owns one pool's worth of cores, whichever library runs on them."""
+    try:
+        from . import _cpu
+    except ImportError:
+        return
+    _cpu.set_threads(n)
 
 
 def blas_threads() -> list[int]:

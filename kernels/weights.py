@@ -8,13 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# A matrix made of parts of different block types stacked along `out`; meta["parts"] is
+# [(first output row, Weight), ...] and `data` is None.
+STACK = "stack"
+
 
 @dataclass(eq=False)
 class Weight:
     """One (out, in) matrix as a backend keeps it.
 
     storage: "f32", "f16", "bf16" for dense values, or a GGUF block type name ("Q4_1",
-    "Q6_K", ...) for the file's blocks kept as they are. `data` is the backend's array:
+    "Q6_K", ...) for the file's blocks kept as they are, or STACK. `data` is the backend's array:
     (out, in) values, or (out, bytes per row) uint8 blocks. `meta` is the backend's own
     (row chunks, device pointers, ...)."""
 
@@ -25,11 +29,13 @@ class Weight:
 
     @property
     def nbytes(self) -> int:
+        if self.storage == STACK:
+            return sum(part.nbytes for _, part in self.meta["parts"])
         return int(self.data.nbytes)
 
     @property
     def is_blocks(self) -> bool:
-        return self.storage not in ("f32", "f16", "bf16", "f64")
+        return self.storage not in ("f32", "f16", "bf16", "f64", STACK)
 
 
 @dataclass(eq=False)

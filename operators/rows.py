@@ -37,7 +37,14 @@ def model_row(info: InstanceInfo) -> dict:
         # How the last load went: seconds, and whether the weight cache served it.
         "load_seconds": svc.load_seconds,
         "weight_cache_used": svc.weight_cache_used,
+        # What the weights compute with: "cpu" (compiled kernels on the GGUF blocks) or
+        # "numpy" (float32 reference); types without a kernel, dequantised at load.
+        "kernel": svc.kernel,
     }
+    if svc.kernel_isa:
+        row["kernel_isa"] = svc.kernel_isa
+    if svc.kernel_fallback:
+        row["kernel_fallback"] = svc.kernel_fallback
     if svc.context_window:  # omitted when unknown, never 0 (the contract)
         row["context_window"] = svc.context_window
         row["context_window_configured"] = info.context_window_configured

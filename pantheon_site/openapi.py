@@ -397,6 +397,13 @@ _HEALTH = _object(
         "service": {"const": "pantheon"},
         "status": {"const": "ok"},
         "backend": {"type": "string", "description": "cpu or cuda"},
+        "kernel": {
+            "type": "string",
+            "enum": ["cpu", "numpy"],
+            "description": "cpu: compiled kernels on the GGUF blocks; numpy: the float32 "
+            "reference (also when the kernels could not be built)",
+        },
+        "kernel_isa": {"type": "string", "description": "avx512, avx2 or generic (cpu only)"},
         "build": {"type": "string", "description": "git commit, -dirty, or unknown"},
         "accelerator": BOOL,
         "dies_visible": NON_NEGATIVE,
@@ -409,7 +416,7 @@ _HEALTH = _object(
         },
         "load_errors": {"type": "object", "additionalProperties": STRING},
     },
-    ("service", "status", "backend", "build", "accelerator", "dies_visible", "models"),
+    ("service", "status", "backend", "kernel", "build", "accelerator", "dies_visible", "models"),
 )
 
 _INSTANCE = _object(
@@ -437,6 +444,13 @@ _INSTANCE = _object(
         "aliases": {"type": "array", "items": STRING},
         "load_seconds": NUMBER,
         "weight_cache_used": BOOL,
+        "kernel": {"type": "string", "enum": ["cpu", "numpy"]},
+        "kernel_isa": STRING,
+        "kernel_fallback": {
+            "type": "object",
+            "description": "tensor type -> tensors dequantised to float32 (no kernel)",
+            "additionalProperties": NON_NEGATIVE,
+        },
         "context_window": {"type": "integer", "minimum": 1},
         "context_window_configured": {"type": "integer", "minimum": 1},
     },

@@ -20,6 +20,8 @@ PANTHEON_MEMORY_RESERVE_MB  memory a load must leave free, on top of its estimat
 PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
 PANTHEON_THREADS       BLAS threads of the engine, one pool for every loaded model
                        (0: the usable cores but one; kernels/threads.py)
+PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they were
+                       built, else numpy), cpu, or numpy (the float32 reference)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
@@ -278,6 +280,8 @@ PANTHEON_ENGINE_OPTIONS = {
     "queue_depth": env_int("BS_QUEUE_DEPTH", 32),  # requests waiting beyond the slots
     "queue_timeout_s": float(env_int("PANTHEON_QUEUE_TIMEOUT", 30)),  # then 429 server_busy
     "prefill_chunk": env_int("PANTHEON_PREFILL_CHUNK", 256),  # prompt tokens per step
+    # Compute backend (kernels.BACKENDS): auto = compiled CPU kernels when built, else numpy.
+    "backend": os.environ.get("PANTHEON_BACKEND", "auto"),
     # Prepared weights cached by content for fast reloads ("" when PANTHEON_WEIGHT_CACHE=0).
     "weight_cache_dir": str(env_path("PANTHEON_WEIGHT_CACHE_DIR", DATA_DIR / "weight-cache"))
     if env_bool("PANTHEON_WEIGHT_CACHE", True)
@@ -293,6 +297,8 @@ PANTHEON_ENGINE_OPTIONS = {
     "key_max_sessions": env_int("PANTHEON_KEY_MAX_SESSIONS", 0),
     "key_max_watches": env_int("PANTHEON_KEY_MAX_WATCHES", 0),
 }
+if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy"):
+    raise EnvError("PANTHEON_BACKEND must be auto, cpu or numpy")
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")
 _SESSION_LIMITS = (

@@ -42,8 +42,9 @@ class ModelConfig:
     # once. 0: half of max_sessions / max_watches, at least 1.
     key_max_sessions: int = 0
     key_max_watches: int = 0
-    # The compute backend the weights live on and run through (kernels.BACKENDS).
-    backend: str = "numpy"
+    # The compute backend the weights live on and run through (kernels.BACKENDS): "auto"
+    # is the compiled CPU kernels when built, else numpy (PANTHEON_BACKEND).
+    backend: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,9 @@ def test_a_quantised_model_computes_what_its_dequantised_weights_say(tmp_path, q
     ours = model.forward(tokens, 0, model.make_kv_cache(1, 16), 0, all_logits=True)
     ref = twin.forward(tokens, 0, twin.make_kv_cache(1, 16), 0, all_logits=True)
     assert np.isfinite(ours).all()
-    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    # Not bitwise: a type without a compiled kernel is one fused float32 matrix, the F32
+    # twin's q/k/v are the file's three maps, so BLAS sums in other blockings.
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-4)
 
 
 # Types the library can read but not write: random valid blocks instead of quantised
@@ -86,4 +88,6 @@ def test_a_dequantise_only_type_computes_what_its_blocks_say(tmp_path, qtype):
     ours = model.forward(tokens, 0, model.make_kv_cache(1, 16), 0, all_logits=True)
     ref = twin.forward(tokens, 0, twin.make_kv_cache(1, 16), 0, all_logits=True)
     assert np.isfinite(ours).all()
-    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-4)
+    # Not bitwise, as above (one fused float32 matrix against the twin's three maps), and
+    # random blocks make logits in the thousands: float32 rounding scales with them.
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 + 1e-6 * np.abs(ref).max())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.quants import dequantize
 
 from ..types import ModelLoadError
@@ -73,6 +73,10 @@ class GGUFFile:
             if f.read(4) != GGUF_MAGIC:
                 raise NotAGGUFFile(f"not a GGUF file (bad magic): {self.path}")
         self._weights_version = weights_version  # the caller hashed these bytes already
+        # Where each tensor's bytes start in the file: with these, tensors are read from
+        # one memory map of the file without GGUFReader's parse (seconds on a large
+        # vocabulary), which is what makes a cached load a map.
+        self.offsets: dict[str, int] = {}
         if header is None:
             self.reader  # noqa: B018  (parse now: a damaged file is refused at open)
             self.metadata = self._read_metadata()
@@ -80,12 +84,14 @@ class GGUFFile:
                 t.name: TensorInfo(t.tensor_type, tuple(int(n) for n in t.shape))
                 for t in self.reader.tensors
             }
+            self.offsets = {t.name: int(t.data_offset) for t in self.reader.tensors}
         else:
             self.metadata = header["metadata"]
-            self.tensors = {
-                name: TensorInfo(GGMLQuantizationType(kind), tuple(shape))
-                for name, (kind, shape) in header["tensors"].items()
-            }
+            self.tensors = {}
+            for name, (kind, shape, *offset) in header["tensors"].items():
+                self.tensors[name] = TensorInfo(GGMLQuantizationType(kind), tuple(shape))
+                if offset:
+                    self.offsets[name] = int(offset[0])
 
     @functools.cached_property
     def reader(self) -> GGUFReader:
@@ -114,7 +120,14 @@ class GGUFFile:
         """Metadata and tensor index as JSON-able data (see `header=`)."""
         return {
             "metadata": self.metadata,
-            "tensors": {n: [int(t.tensor_type), list(t.shape)] for n, t in self.tensors.items()},
+            "tensors": {
+                n: [
+                    int(t.tensor_type),
+                    list(t.shape),
+                    *([self.offsets[n]] if n in self.offsets else []),
+                ]
+                for n, t in self.tensors.items()
+            },
         }
 
     @property
@@ -131,8 +144,33 @@ class GGUFFile:
     def tensor_type(self, name: str) -> GGMLQuantizationType:
         return self.tensors[name].tensor_type
 
+    @functools.cached_property
+    def _file_map(self) -> np.ndarray:
+        return np.memmap(self.path, dtype=np.uint8, mode="r")
+
+    def _raw(self, name: str) -> np.ndarray | None:
+        """A tensor's bytes as (rows, bytes per row) from the file's memory map, or None
+        when its offset is unknown (an old cached header)."""
+        offset = self.offsets.get(name)
+        if offset is None:
+            return None
+        info = self.tensors[name]
+        block, size = GGML_QUANT_SIZES[info.tensor_type]
+        row_bytes = info.shape[0] // block * size
+        rows = info.n_elements // info.shape[0]
+        end = offset + rows * row_bytes
+        if end > len(self._file_map):
+            raise NotAGGUFFile(f"tensor {name!r} runs past the end of {self.path}")
+        return self._file_map[offset:end].reshape(rows, row_bytes)
+
     def load_f32(self, name: str) -> np.ndarray:
         """Dequantise one tensor to float32, numpy layout (GGUF's ne reversed)."""
+        raw = self._raw(name)
+        if raw is not None:
+            info = self.tensors[name]
+            shape = tuple(reversed(info.shape))
+            values = dequantize(raw, info.tensor_type).astype(np.float32, copy=False)
+            return np.ascontiguousarray(values.reshape(shape))
         t = self._reader_tensors[name]
         if t.tensor_type == GGMLQuantizationType.F32:
             arr = np.array(t.data, dtype=np.float32)
@@ -144,6 +182,9 @@ class GGUFFile:
     def load_blocks(self, name: str) -> np.ndarray:
         """A matrix's bytes as the file holds them: (rows, bytes per row) uint8, memory-
         mapped from the file (no copy)."""
+        raw = self._raw(name)
+        if raw is not None:
+            return raw
         t = self._reader_tensors[name]
         rows = int(np.prod(t.shape.tolist()[1:]))
         return np.asarray(t.data).view(np.uint8).reshape(rows, -1)
@@ -168,6 +209,18 @@ class GGUFFile:
         for t in self.tensors.values():
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + t.n_elements
         return max(counts, key=counts.__getitem__) if counts else "unknown"
+
+    def block_bytes(self, kernel_types: frozenset[str]) -> int:
+        """Bytes of the tensors as a backend with kernels for `kernel_types` holds them:
+        those types as the file stores them, every other type as float32."""
+        total = 0
+        for t in self.tensors.values():
+            if t.tensor_type.name in kernel_types:
+                block, size = GGML_QUANT_SIZES[t.tensor_type]
+                total += t.n_elements // block * size
+            else:
+                total += t.n_elements * 4
+        return total
 
     @property
     def n_params(self) -> int:

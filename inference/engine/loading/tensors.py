@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from kernels.backend import BLOCKS, Backend
 from kernels.weights import Weight
@@ -34,6 +35,8 @@ class TensorSource:
         self.cache = cache
         self.total = len(gf.tensors)
         self.done = 0
+        # Quantised types the backend has no kernel for, dequantised to float32 instead.
+        self.fallback: dict[str, int] = {}
 
     def has(self, name: str) -> bool:
         return self.gf.has_tensor(name)
@@ -73,16 +76,19 @@ class TensorSource:
             return None
         for name in names:
             self._require(name)
-        qtypes = {self.gf.tensor_type(n) for n in names}
-        if len(qtypes) == 1:
-            (qtype,) = qtypes
-            if self.backend.storage_for(qtype) == BLOCKS:
-                # Block rows are independent, so stacking matrices is stacking their rows.
-                parts = [self.gf.load_blocks(n) for n in names]
-                blocks = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                cols = int(self.gf.tensors[names[0]].shape[0])  # GGUF ne[0] = in
-                self._advance(len(names))
-                return self.backend.block_weight(blocks, qtype, (len(blocks), cols))
+        qtypes = [self.gf.tensor_type(n) for n in names]
+        if all(self.backend.storage_for(q) == BLOCKS for q in qtypes):
+            # The file's bytes as they are (memory-mapped): loading is a map.
+            cols = int(self.gf.tensors[names[0]].shape[0])  # GGUF ne[0] = in
+            parts = []
+            for name, qtype in zip(names, qtypes, strict=True):
+                blocks = self.gf.load_blocks(name)
+                parts.append(self.backend.block_weight(blocks, qtype, (len(blocks), cols)))
+            self._advance(len(names))
+            return parts[0] if len(parts) == 1 else self.backend.stacked_weight(parts)
+        for qtype in qtypes:
+            if qtype != GGMLQuantizationType.F32:
+                self.fallback[qtype.name] = self.fallback.get(qtype.name, 0) + 1
         if len(names) == 1:
             return self.backend.dense_weight(self._f32(names[0]))
         fused = self._prepared(

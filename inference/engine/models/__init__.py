@@ -9,7 +9,9 @@ from ..types import ModelLoadError
 
 # Bump when any architecture changes the tensors it prepares at load (fusing, layout): the
 # weight cache keys on it, so older cached files are rebuilt rather than misread.
-WEIGHT_LAYOUT_VERSION = 1
+# 2: the cached header records each tensor's file offset (block weights are mapped from
+# the GGUF itself; only float32 fallbacks and vectors are cached).
+WEIGHT_LAYOUT_VERSION = 2
 
 
 def supported_architectures() -> list[str]:

@@ -192,6 +192,9 @@ class DecoderModel:
         self.output = self.tok_embd if output is None else output
         self.embed_scale = be.dtype.type(math.sqrt(hp.d_model)) if spec.embed_scale else None
         self.attn_scale = 1.0 / math.sqrt(hp.head_dim)
+        # Tensor types dequantised at load because the backend has no kernel for them
+        # (the reference numpy backend dequantises everything by design: not a fallback).
+        self.fallback_types = {} if be.name == "numpy" else dict(source.fallback)
 
     # ---- what the service asks of a model ----
 

@@ -187,6 +187,11 @@ class ModelService:
         self.load_seconds = 0.0  # set by load()
         self.weight_cache_used = False
         self.on_accelerator = model.backend.on_accelerator
+        # What the weights compute with: "cpu" (compiled kernels, with the SIMD level they
+        # chose) or "numpy"; and the tensor types that fell back to float32 on the way.
+        self.kernel = model.backend.name
+        self.kernel_isa = getattr(model.backend, "isa", None)
+        self.kernel_fallback = dict(getattr(model, "fallback_types", {}))
         self.stats = EngineStats()
         n_ctx_train = model.hp.n_ctx_train
         cap = config.ctx_cap if config.ctx_cap > 0 else min(n_ctx_train, DEFAULT_CTX_CAP)

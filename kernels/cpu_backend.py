@@ -1,0 +1,171 @@
+"""The compiled CPU backend: weights stay in their GGUF blocks, compiled kernels compute
+on them (kernels/cpu/, built into the `kernels._cpu` extension).
+
+Decode (`linear`): one call into C per matrix; the kernel decodes each weight block once
+and multiplies it against every row of the batch, with float32 activations, so a row's
+arithmetic is the same whatever else is in the batch (and however many threads run).
+Prefill (`linear_prefill`): a tile of weight rows at a time is dequantised into a buffer
+that stays in cache and handed to BLAS, so the float32 copy of a matrix never exists.
+
+Types without a kernel fall back to the numpy reference's path (float32 at load); the
+model reports which (`CpuBackend.fallback_types`). Norms, RoPE and attention use the
+extension's kernels where it has them, else numpy's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from . import threads
+from .backend import BLOCKS, DENSE
+from .numpy_backend import NumpyBackend
+from .weights import STACK, Weight
+
+# Weight bytes dequantised per BLAS call in prefill: a tile that stays in the L2 cache
+# while BLAS reads it (float32 values of this many bytes).
+PREFILL_TILE_BYTES = 512 << 10
+# Prompt chunks at most this long go through the decode kernel (no dequantised tile).
+PREFILL_DIRECT_ROWS = 4
+
+
+def load_extension():
+    """The compiled module, or None when it was not built (the caller says so)."""
+    try:
+        from . import _cpu
+    except ImportError:
+        return None
+    return _cpu
+
+
+class CpuBackend(NumpyBackend):
+    """numpy arrays on the host, matrices in GGUF block layout, compiled kernels."""
+
+    name = "cpu"
+
+    def __init__(self, ext=None):
+        self.ext = ext if ext is not None else load_extension()
+        if self.ext is None:
+            raise ValueError(
+                "the compiled CPU kernels (kernels._cpu) are not built here: run "
+                "`make setup` (needs a C compiler), or use the numpy backend"
+            )
+        self.qtypes: dict[str, int] = dict(self.ext.QTYPES)
+        self.isa = self.ext.isa()
+        self.ext.set_threads(threads.configured())
+        self._has = {op: hasattr(self.ext, op) for op in ("attention_decode", "rms_norm", "rope")}
+
+    # ---- weights ----
+
+    def storage_for(self, qtype: GGMLQuantizationType) -> str:
+        return BLOCKS if qtype.name in self.qtypes else DENSE
+
+    def dense_weight(self, array: np.ndarray) -> Weight:
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        return Weight("f32", tuple(array.shape), array, {"kid": self.qtypes["F32"]})
+
+    def block_weight(self, blocks, qtype, shape) -> Weight:
+        n, k = int(shape[0]), int(shape[1])
+        if qtype == GGMLQuantizationType.F32:  # already values: the file's map, viewed
+            return self.dense_weight(np.ascontiguousarray(blocks).view(np.float32))
+        blocks = np.ascontiguousarray(blocks)
+        kid = self.qtypes[qtype.name]
+        tile = max(16, PREFILL_TILE_BYTES // (k * 4) // 16 * 16)
+        return Weight(qtype.name, (n, k), blocks, {"qtype": qtype, "kid": kid, "tile": tile})
+
+    def stacked_weight(self, parts: list[Weight]) -> Weight:
+        """Matrices stacked along `out` (q/k/v, gate/up; of one block type or of several,
+        as Q5_0, Q5_0, Q8_0): each part stays as the file maps it, never copied; one
+        output, filled part by part."""
+        k = parts[0].shape[1]
+        n = sum(p.shape[0] for p in parts)
+        offsets = np.cumsum([0] + [p.shape[0] for p in parts[:-1]]).tolist()
+        return Weight(STACK, (n, k), None, {"parts": list(zip(offsets, parts, strict=True))})
+
+    @staticmethod
+    def _parts(w: Weight):
+        return w.meta["parts"] if w.storage == STACK else [(0, w)]
+
+    # ---- matmuls ----
+
+    def embed(self, table: Weight, token_ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if table.storage == "f32":
+            return table.data[ids]
+        out = np.empty((len(ids), table.shape[1]), dtype=np.float32)
+        self.ext.dequantize(table.meta["kid"], np.ascontiguousarray(table.data[ids]), out)
+        return out
+
+    def linear(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        for col0, part in self._parts(w):
+            self.ext.linear(part.meta["kid"], part.data, x, out, col0)
+        return out
+
+    def linear_prefill(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        if x.shape[0] <= PREFILL_DIRECT_ROWS:
+            return self.linear(x, w)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out_t = np.empty((w.shape[0], x.shape[0]), dtype=np.float32)  # (N, T): row tiles
+        x_t = x.T
+        for col0, part in self._parts(w):
+            if part.storage == "f32":
+                np.matmul(part.data, x_t, out=out_t[col0 : col0 + part.shape[0]])
+                continue
+            tile = part.meta["tile"]
+            buf = np.empty((min(tile, part.shape[0]), part.shape[1]), dtype=np.float32)
+            for r0 in range(0, part.shape[0], tile):
+                r1 = min(part.shape[0], r0 + tile)
+                self.ext.dequantize(part.meta["kid"], part.data[r0:r1], buf[: r1 - r0])
+                np.matmul(buf[: r1 - r0], x_t, out=out_t[col0 + r0 : col0 + r1])
+        return np.ascontiguousarray(out_t.T)
+
+    # ---- small ops: compiled where the extension has them ----
+
+    def rms_norm(self, x, weight, eps):
+        if not self._has["rms_norm"]:
+            return super().rms_norm(x, weight, eps)
+        shape = x.shape
+        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, shape[-1])
+        out = np.empty_like(x2)
+        self.ext.rms_norm(x2, weight, float(eps), out)
+        return out.reshape(shape)
+
+    def rope(self, x, positions, table, neox: bool):
+        if not self._has["rope"]:
+            return super().rope(x, positions, table, neox)
+        out = np.array(x, dtype=np.float32, order="C")  # rotated in place: a fresh copy
+        pos = np.ascontiguousarray(positions, dtype=np.int64)
+        self.ext.rope(out, pos, table.cos, table.sin, bool(neox))
+        return out
+
+    def attention_decode(
+        self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
+    ):
+        if not self._has["attention_decode"]:
+            return super().attention_decode(
+                q, k, v, kv, layer, slots, positions, scale, window, softcap
+            )
+        B, H, Dh = q.shape
+        slots_a = np.ascontiguousarray(slots, dtype=np.int64)
+        pos = np.ascontiguousarray(positions, dtype=np.int64)
+        out = np.empty((B, H * Dh), dtype=np.float32)
+        self.ext.attention_decode(
+            np.ascontiguousarray(q, dtype=np.float32),
+            np.ascontiguousarray(k, dtype=np.float32),
+            np.ascontiguousarray(v, dtype=np.float32),
+            kv.k,
+            kv.v,
+            int(layer),
+            slots_a,
+            pos,
+            float(scale),
+            int(window),
+            float(softcap),
+            out,
+        )
+        kv.note_written(slots_a, pos + 1)
+        return out
