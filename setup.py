@@ -11,8 +11,8 @@ multiply-adds are all explicit, which is what keeps their arithmetic fixed.
 
 from setuptools import Extension, setup
 
-CPU_SOURCES = ["kernels/cpu/_cpu.c", "kernels/cpu/linear.c"]
-CPU_HEADERS = ["kernels/cpu/quants.h", "kernels/cpu/linear_simd.h"]
+CPU_SOURCES = ["kernels/cpu/_cpu.c", "kernels/cpu/linear.c", "kernels/cpu/ops.c"]
+CPU_HEADERS = ["kernels/cpu/quants.h", "kernels/cpu/linear_simd.h", "kernels/cpu/ops.h"]
 
 setup(
     ext_modules=[

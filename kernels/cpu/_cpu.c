@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
 #include "quants.h"
 
 #ifdef _OPENMP
@@ -299,6 +300,198 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ decode ops */
+
+static int same_shape(const Buf *b, int ndim, const Py_ssize_t *want) {
+    for (int i = 0; i < ndim; i++)
+        if (b->v.shape[i] != want[i])
+            return 0;
+    return 1;
+}
+
+static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"q",         "k",    "v",      "kcache",  "vcache", "layer",
+                             "slots",     "positions", "scale", "window", "softcap", "out",
+                             NULL};
+    PyObject *oq, *ok, *ov, *okc, *ovc, *os, *op, *oo;
+    Py_ssize_t layer, window;
+    double scale, softcap;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOnOOdndO:attention_decode", kwlist, &oq, &ok,
+                                     &ov, &okc, &ovc, &layer, &os, &op, &scale, &window,
+                                     &softcap, &oo))
+        return NULL;
+    Buf q = {0}, k = {0}, v = {0}, kc = {0}, vc = {0}, sl = {0}, po = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get(oq, &q, "q", 3, F32, 0) || get(ok, &k, "k", 3, F32, 0) ||
+        get(ov, &v, "v", 3, F32, 0) || get(okc, &kc, "kcache", 5, F32, 1) ||
+        get(ovc, &vc, "vcache", 5, F32, 1) || get(os, &sl, "slots", 1, I64, 0) ||
+        get(op, &po, "positions", 1, I64, 0) || get(oo, &o, "out", 2, F32, 1))
+        goto done;
+    const Py_ssize_t B = dim(&q, 0), H = dim(&q, 1), Dh = dim(&q, 2);
+    const Py_ssize_t n_layer = dim(&kc, 0), n_slots = dim(&kc, 1), Hkv = dim(&kc, 2);
+    const Py_ssize_t n_ctx = dim(&kc, 3);
+    if (Hkv < 1 || H % Hkv != 0 || dim(&kc, 4) != Dh) {
+        PyErr_Format(PyExc_ValueError,
+                     "kcache (n_layer, n_slots, Hkv, n_ctx, Dh) must have Hkv dividing H=%zd "
+                     "and Dh=%zd",
+                     H, Dh);
+        goto done;
+    }
+    const Py_ssize_t kv_shape[3] = {B, Hkv, Dh}, o_shape[2] = {B, H * Dh};
+    if (!same_shape(&k, 3, kv_shape) || !same_shape(&v, 3, kv_shape)) {
+        PyErr_Format(PyExc_ValueError, "k and v must be (B, Hkv, Dh) = (%zd, %zd, %zd)", B, Hkv,
+                     Dh);
+        goto done;
+    }
+    if (!same_shape(&vc, 5, kc.v.shape)) {
+        PyErr_SetString(PyExc_ValueError, "vcache must have kcache's shape");
+        goto done;
+    }
+    if (kc.v.buf == vc.v.buf) {
+        PyErr_SetString(PyExc_ValueError, "kcache and vcache must be different arrays");
+        goto done;
+    }
+    if (!same_shape(&o, 2, o_shape)) {
+        PyErr_Format(PyExc_ValueError, "out must be (B, H * Dh) = (%zd, %zd)", B, H * Dh);
+        goto done;
+    }
+    if (dim(&sl, 0) != B || dim(&po, 0) != B) {
+        PyErr_Format(PyExc_ValueError, "slots and positions must have B=%zd entries", B);
+        goto done;
+    }
+    if (layer < 0 || layer >= n_layer) {
+        PyErr_Format(PyExc_ValueError, "layer %zd out of range (n_layer=%zd)", layer, n_layer);
+        goto done;
+    }
+    const int64_t *slots = (const int64_t *)sl.v.buf, *pos = (const int64_t *)po.v.buf;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        if (slots[b] < 0 || slots[b] >= n_slots) {
+            PyErr_Format(PyExc_ValueError, "slot %lld out of range (n_slots=%zd)",
+                         (long long)slots[b], n_slots);
+            goto done;
+        }
+        if (pos[b] < 0 || pos[b] >= n_ctx) {
+            PyErr_Format(PyExc_ValueError, "position %lld out of range (n_ctx=%zd)",
+                         (long long)pos[b], n_ctx);
+            goto done;
+        }
+        for (Py_ssize_t c = 0; c < b; c++)
+            if (slots[c] == slots[b]) {
+                PyErr_Format(PyExc_ValueError, "slot %lld appears twice in one batch",
+                             (long long)slots[b]);
+                goto done;
+            }
+    }
+    if (!(scale == scale) || !(softcap >= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "scale must be a number and softcap >= 0");
+        goto done;
+    }
+    {
+        const int nt = g_threads;
+        Py_BEGIN_ALLOW_THREADS;
+        cpu_attention_decode(nt, (const float *)q.v.buf, (const float *)k.v.buf,
+                             (const float *)v.v.buf, (float *)kc.v.buf, (float *)vc.v.buf,
+                             n_slots, n_ctx, layer, slots, pos, B, H, Hkv, Dh, (float)scale,
+                             window, (float)softcap, (float *)o.v.buf);
+        Py_END_ALLOW_THREADS;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(&q);
+    release(&k);
+    release(&v);
+    release(&kc);
+    release(&vc);
+    release(&sl);
+    release(&po);
+    release(&o);
+    return ret;
+}
+
+static PyObject *py_rms_norm(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"x", "w", "eps", "out", NULL};
+    PyObject *ox, *ow, *oo;
+    double eps;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdO:rms_norm", kwlist, &ox, &ow, &eps, &oo))
+        return NULL;
+    Buf x = {0}, w = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get(ox, &x, "x", 2, F32, 0) || get(ow, &w, "w", 1, F32, 0) ||
+        get(oo, &o, "out", 2, F32, 1))
+        goto done;
+    const Py_ssize_t n = dim(&x, 0), D = dim(&x, 1);
+    if (dim(&w, 0) != D || dim(&o, 0) != n || dim(&o, 1) != D) {
+        PyErr_Format(PyExc_ValueError, "rms_norm: w must be (%zd,) and out (%zd, %zd)", D, n, D);
+        goto done;
+    }
+    {
+        const int nt = g_threads;
+        Py_BEGIN_ALLOW_THREADS;
+        cpu_rms_norm(nt, (const float *)x.v.buf, (const float *)w.v.buf, (float)eps, n, D,
+                     (float *)o.v.buf);
+        Py_END_ALLOW_THREADS;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(&x);
+    release(&w);
+    release(&o);
+    return ret;
+}
+
+static PyObject *py_rope(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"x", "positions", "cos", "sin", "neox", NULL};
+    PyObject *ox, *op, *oc, *os;
+    int neox;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOp:rope", kwlist, &ox, &op, &oc, &os, &neox))
+        return NULL;
+    Buf x = {0}, p = {0}, c = {0}, s = {0};
+    PyObject *ret = NULL;
+    if (get(ox, &x, "x", 3, F32, 1) || get(op, &p, "positions", 1, I64, 0) ||
+        get(oc, &c, "cos", 2, F32, 0) || get(os, &s, "sin", 2, F32, 0))
+        goto done;
+    const Py_ssize_t n = dim(&x, 0), H = dim(&x, 1), Dh = dim(&x, 2);
+    const Py_ssize_t n_pos = dim(&c, 0);
+    if (Dh % 2 != 0 || dim(&c, 1) != Dh / 2 || dim(&s, 0) != n_pos || dim(&s, 1) != Dh / 2) {
+        PyErr_Format(PyExc_ValueError,
+                     "rope: x's head size %zd must be even and cos/sin (n_pos, %zd), the same "
+                     "shape",
+                     Dh, Dh / 2);
+        goto done;
+    }
+    if (dim(&p, 0) != n) {
+        PyErr_Format(PyExc_ValueError, "rope: positions must have %zd entries", n);
+        goto done;
+    }
+    const int64_t *pos = (const int64_t *)p.v.buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (pos[i] < 0 || pos[i] >= n_pos) {
+            PyErr_Format(PyExc_ValueError, "rope: position %lld outside the table (n_pos=%zd)",
+                         (long long)pos[i], n_pos);
+            goto done;
+        }
+    {
+        const int nt = g_threads;
+        Py_BEGIN_ALLOW_THREADS;
+        cpu_rope(nt, (float *)x.v.buf, pos, (const float *)c.v.buf, (const float *)s.v.buf, n, H,
+                 Dh, neox);
+        Py_END_ALLOW_THREADS;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(&x);
+    release(&p);
+    release(&c);
+    release(&s);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"isa", py_isa, METH_NOARGS, "isa() -> 'avx512' | 'avx2' | 'generic': the kernels in use."},
     {"set_isa", py_set_isa, METH_O,
@@ -314,6 +507,18 @@ static PyMethodDef methods[] = {
      "rows and the thread count."},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      "dequantize(qtype, w, out): w (R, row_bytes) -> out (R, K) float32, bitwise as gguf."},
+    {"attention_decode", (PyCFunction)(void (*)(void))py_attention_decode,
+     METH_VARARGS | METH_KEYWORDS,
+     "attention_decode(q, k, v, kcache, vcache, layer, slots, positions, scale, window,\n"
+     "softcap, out): write each row's k/v into its slot at its position, then attend\n"
+     "(GQA, sliding window if window > 0, soft-cap if softcap > 0). q (B, H, Dh), k/v\n"
+     "(B, Hkv, Dh), caches (n_layer, n_slots, Hkv, n_ctx, Dh), slots/positions int64 (B,),\n"
+     "out (B, H * Dh); all float32 but slots/positions."},
+    {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_VARARGS | METH_KEYWORDS,
+     "rms_norm(x, w, eps, out): out = x / sqrt(mean(x * x) + eps) * w over the last axis."},
+    {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
+     "rope(x, positions, cos, sin, neox): rotate x (n, H, Dh) in place; cos/sin\n"
+     "(n_pos, Dh / 2); neox: halves (qwen) instead of adjacent pairs (llama)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu",

@@ -283,3 +283,139 @@ def test_empty_products_are_fine():
     assert (out == 7.0).all()
     _cpu.linear(QTYPES["F32"], np.zeros((4, 0), np.float32), np.ones((3, 0), np.float32), out)
     assert (out == 0.0).all()
+
+
+# ---- decode ops: attention over the KV cache, RMS norm, RoPE ----
+
+
+def _attention_case(rng, *, B, H, Hkv, Dh, n_ctx, positions, window=0, softcap=0.0):
+    from kernels.kv_cache import KVCache
+    from kernels.numpy_backend import NumpyBackend
+
+    n_layer, n_slots, layer = 2, 6, 1
+    kv_ref = KVCache(n_layer, n_slots, Hkv, n_ctx, Dh)
+    kv = KVCache(n_layer, n_slots, Hkv, n_ctx, Dh)
+    history = rng.standard_normal((2, n_layer, n_slots, Hkv, n_ctx, Dh)).astype(np.float32)
+    for cache in (kv_ref, kv):
+        cache.k[...] = history[0]
+        cache.v[...] = history[1]
+    slots = rng.permutation(n_slots)[:B].astype(np.int64)
+    positions = np.asarray(positions, dtype=np.int64)
+    q = rng.standard_normal((B, H, Dh)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, Dh)).astype(np.float32)
+    v = rng.standard_normal((B, Hkv, Dh)).astype(np.float32)
+    scale = 1.0 / np.sqrt(Dh)
+    ref = NumpyBackend().attention_decode(
+        q, k, v, kv_ref, layer, slots, positions, scale, window, softcap
+    )
+    out = np.full((B, H * Dh), np.nan, dtype=np.float32)
+    args = (q, k, v, kv.k, kv.v, layer, slots, positions, scale, window, softcap, out)
+    _cpu.attention_decode(*args)
+    return ref, out, kv_ref, kv, args
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(B=3, H=9, Hkv=3, Dh=64, n_ctx=40, positions=[0, 17, 39]),  # SmolLM2 heads
+        dict(B=2, H=4, Hkv=1, Dh=256, n_ctx=70, positions=[69, 5], window=16, softcap=0.0),
+        dict(B=4, H=8, Hkv=4, Dh=24, n_ctx=33, positions=[3, 32, 10, 0], softcap=30.0),
+        dict(B=1, H=2, Hkv=2, Dh=7, n_ctx=9, positions=[8], window=3, softcap=5.0),
+    ],
+)
+def test_attention_decode_matches_the_numpy_backend(shape):
+    rng = np.random.default_rng(7)
+    ref, out, kv_ref, kv, _ = _attention_case(rng, **shape)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    # The new keys and values went where the numpy backend wrote them, nothing else moved.
+    assert np.array_equal(kv.k, kv_ref.k) and np.array_equal(kv.v, kv_ref.v)
+
+
+def test_attention_decode_rows_are_batch_invariant(threads):
+    rng = np.random.default_rng(8)
+    _, out, _, kv, args = _attention_case(
+        rng, B=5, H=6, Hkv=2, Dh=32, n_ctx=300, positions=[299, 3, 150, 0, 77], window=100
+    )
+    q, k, v, kc, vc, layer, slots, positions, scale, window, softcap, _ = args
+    for t in (1, 2):
+        threads(t)
+        for b in range(5):
+            alone = np.empty((1, 6 * 32), dtype=np.float32)
+            sl = slice(b, b + 1)
+            _cpu.attention_decode(
+                q[sl], k[sl], v[sl], kc, vc, layer, slots[sl], positions[sl], scale, window,
+                softcap, alone,
+            )  # fmt: skip
+            assert np.array_equal(alone[0], out[b]), (t, b)
+
+
+def test_attention_decode_rejects_bad_inputs():
+    rng = np.random.default_rng(9)
+    _, _, _, _, args = _attention_case(rng, B=2, H=4, Hkv=2, Dh=8, n_ctx=10, positions=[1, 2])
+    q, k, v, kc, vc, layer, slots, positions, scale, window, softcap, out = args
+
+    def call(**change):
+        a = dict(q=q, k=k, v=v, kcache=kc, vcache=vc, layer=layer, slots=slots)
+        a.update(positions=positions, scale=scale, window=window, softcap=softcap, out=out)
+        a.update(change)
+        _cpu.attention_decode(**a)
+
+    call()
+    with pytest.raises(ValueError, match="position"):
+        call(positions=np.array([1, 10], np.int64))
+    with pytest.raises(ValueError, match="slot"):
+        call(slots=np.array([0, 6], np.int64))
+    with pytest.raises(ValueError, match="twice"):
+        call(slots=np.array([3, 3], np.int64))
+    with pytest.raises(TypeError, match="int64"):
+        call(slots=slots.astype(np.int32))
+    with pytest.raises(ValueError, match="layer"):
+        call(layer=2)
+    with pytest.raises(ValueError, match="out"):
+        call(out=np.empty((2, 31), np.float32))
+    with pytest.raises(ValueError, match="k and v"):
+        call(k=k[:, :1].copy())
+    with pytest.raises(ValueError, match="C-contiguous"):
+        call(q=np.ascontiguousarray(q.transpose(1, 0, 2)).transpose(1, 0, 2))
+    with pytest.raises(ValueError, match="Hkv"):
+        call(q=np.ones((2, 3, 8), np.float32), out=np.empty((2, 24), np.float32))
+    ro = kc.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        call(kcache=ro)
+
+
+def test_rms_norm_matches_numpy():
+    from kernels.numpy_backend import rms_norm
+
+    rng = np.random.default_rng(10)
+    for n, d in [(1, 576), (7, 640), (3, 5)]:
+        x = (rng.standard_normal((n, d)) * rng.uniform(0.01, 30)).astype(np.float32)
+        w = rng.standard_normal(d).astype(np.float32)
+        out = np.empty_like(x)
+        _cpu.rms_norm(x, w, 1e-5, out)
+        np.testing.assert_allclose(out, rms_norm(x, w, 1e-5), rtol=1e-6, atol=1e-7)
+        alone = np.empty_like(x[-1:])
+        _cpu.rms_norm(x[-1:], w, 1e-5, alone)  # a row alone: the same bits
+        assert np.array_equal(alone[0], out[-1])
+    with pytest.raises(ValueError):
+        _cpu.rms_norm(x, w[:-1], 1e-5, out)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_matches_numpy_in_place(neox):
+    from kernels.numpy_backend import apply_rope_interleaved, apply_rope_neox, rope_tables
+
+    rng = np.random.default_rng(11)
+    cos, sin = rope_tables(64, 32, 10000.0)
+    x = rng.standard_normal((5, 3, 32)).astype(np.float32)
+    positions = np.array([0, 63, 7, 7, 30], dtype=np.int64)
+    apply = apply_rope_neox if neox else apply_rope_interleaved
+    ref = apply(x, cos[positions], sin[positions])
+    y = x.copy()
+    _cpu.rope(y, positions, cos, sin, neox)
+    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="position"):
+        _cpu.rope(y, np.array([0, 1, 2, 3, 64], np.int64), cos, sin, neox)
+    with pytest.raises(ValueError):
+        _cpu.rope(y, positions, cos[:, :8].copy(), sin[:, :8].copy(), neox)

@@ -1,0 +1,23 @@
+/* Decode-step ops of the compiled CPU kernels: attention over the KV cache, RMS norm,
+ * RoPE. Plain C (float32, lane-array loops the compiler vectorises without reordering
+ * any sum), OpenMP over independent rows: a row's bits never depend on the batch. */
+#ifndef PANTHEON_CPU_OPS_H
+#define PANTHEON_CPU_OPS_H
+
+#include <stdint.h>
+
+/* kcache/vcache: (n_layer, n_slots, Hkv, n_ctx, Dh); q (B, H, Dh); k, v (B, Hkv, Dh);
+ * out (B, H * Dh). Writes row b's k/v at its slot and position, then attends. */
+void cpu_attention_decode(int nthreads, const float *q, const float *k, const float *v,
+                          float *kcache, float *vcache, int64_t n_slots, int64_t n_ctx,
+                          int64_t layer, const int64_t *slots, const int64_t *positions,
+                          int64_t B, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                          int64_t window, float softcap, float *out);
+
+void cpu_rms_norm(int nthreads, const float *x, const float *w, float eps, int64_t n, int64_t D,
+                  float *out);
+
+void cpu_rope(int nthreads, float *x, const int64_t *positions, const float *cos_t,
+              const float *sin_t, int64_t n, int64_t H, int64_t Dh, int neox);
+
+#endif
