@@ -31,11 +31,17 @@ CPU_KERNELS_STAMP := $(VENV)/.pantheon-cpu-kernels
 CPU_KERNELS_LOG := $(VENV)/cpu-kernels-build.log
 CPU_KERNELS_SOURCES := setup.py $(wildcard kernels/cpu/*.c kernels/cpu/*.h)
 
+# Loads the built module by its path (not through the kernels package and its imports).
+export CPU_KERNELS_CHECK := import glob, importlib.util as u; \
+	s = u.spec_from_file_location('kernels._cpu', sorted(glob.glob('kernels/_cpu*.so'))[-1]); \
+	m = u.module_from_spec(s); s.loader.exec_module(m); print('kernels._cpu:', m.isa())
+
 cpu-kernels: $(CPU_KERNELS_STAMP)
 
 $(CPU_KERNELS_STAMP): $(STAMP) $(CPU_KERNELS_SOURCES)
+	@rm -f kernels/_cpu*.so build/lib*/kernels/_cpu*.so  # never run a stale build
 	@if $(BIN)/python setup.py -q build_ext --inplace >$(CPU_KERNELS_LOG) 2>&1 \
-		&& $(BIN)/python -c 'import kernels._cpu' >>$(CPU_KERNELS_LOG) 2>&1; then \
+		&& $(BIN)/python -c "$$CPU_KERNELS_CHECK" >>$(CPU_KERNELS_LOG) 2>&1; then \
 		touch $@; \
 	else \
 		echo "compiled CPU kernels unavailable: the server runs on the numpy backend (see $(CPU_KERNELS_LOG))"; \
