@@ -42,7 +42,10 @@ AI __m128i SFX(bits16)(uint32_t m) {
 #define H2F(p) _cvtsh_ss(rd16(p))
 #define T2F(p) f16_table[rd16(p)]
 
-AI void SFX(chunk_q4_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q4_0)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     const uint8_t *b = row + c * 18;
 #ifdef PERM16
     if (!exact) {
@@ -56,11 +59,14 @@ AI void SFX(chunk_q4_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const __m128i q = LD128(b + 2), m4 = _mm_set1_epi8(0x0f), k8 = _mm_set1_epi8(8);
     CVT16S(_mm_sub_epi8(_mm_and_si128(q, m4), k8), w);
     CVT16S(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), k8), w + NV / 2);
-    const float d = H2F(b);
+    const float d = T2F(b);
     SFX(affine)(w, d, d, 0.f, 0.f, 0, exact);
 }
 
-AI void SFX(chunk_q4_1)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q4_1)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     const uint8_t *b = row + c * 20;
 #ifdef PERM16
     if (!exact) {
@@ -74,11 +80,14 @@ AI void SFX(chunk_q4_1)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const __m128i q = LD128(b + 4), m4 = _mm_set1_epi8(0x0f);
     CVT16U(_mm_and_si128(q, m4), w);
     CVT16U(_mm_and_si128(_mm_srli_epi16(q, 4), m4), w + NV / 2);
-    const float d = H2F(b), m = H2F(b + 2);
+    const float d = T2F(b), m = T2F(b + 2);
     SFX(affine)(w, d, d, m, m, 1, exact);
 }
 
-AI void SFX(chunk_q5_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q5_0)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     const uint8_t *b = row + c * 22;
     const uint32_t qh = rd32(b + 2);
 #ifdef PERM16
@@ -99,11 +108,14 @@ AI void SFX(chunk_q5_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
     const __m128i hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), SFX(bits16)(qh >> 16));
     CVT16S(_mm_sub_epi8(lo, k16), w);
     CVT16S(_mm_sub_epi8(hi, k16), w + NV / 2);
-    const float d = H2F(b);
+    const float d = T2F(b);
     SFX(affine)(w, d, d, 0.f, 0.f, 0, exact);
 }
 
-AI void SFX(chunk_q5_1)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q5_1)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     const uint8_t *b = row + c * 24;
     const uint32_t qh = rd32(b + 4);
 #ifdef PERM16
@@ -123,91 +135,116 @@ AI void SFX(chunk_q5_1)(const uint8_t *row, int64_t c, vf *w, int exact) {
     CVT16U(_mm_or_si128(_mm_and_si128(q, m4), SFX(bits16)(qh)), w);
     CVT16U(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(q, 4), m4), SFX(bits16)(qh >> 16)),
            w + NV / 2);
-    const float d = H2F(b), m = H2F(b + 2);
+    const float d = T2F(b), m = T2F(b + 2);
     SFX(affine)(w, d, d, m, m, 1, exact);
 }
 
-AI void SFX(chunk_q8_0)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q8_0)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     const uint8_t *b = row + c * 34;
     CVT16S(LD128(b + 2), w);
     CVT16S(LD128(b + 18), w + NV / 2);
-    const float d = H2F(b);
+    const float d = T2F(b);
     SFX(affine)(w, d, d, 0.f, 0.f, 0, exact);
 }
 
-AI void SFX(chunk_q4_k)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q4_k)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    /* u: c % 2 when the caller knows it at compile time (-1: not known) */
     const uint8_t *sb = row + (c >> 3) * 144;
-    const int j = (int)(c & 7);
+    const int j = (int)(c & 7), odd = u >= 0 ? (u & 1) : (j & 1);
     const uint8_t *qs = sb + 16 + 32 * (j >> 1);
 #ifdef PERM16
     if (!exact) {
-        int sc, mn;
-        kq_scale_min(sb + 4, j, &sc, &mn);
-        const __m512 t = _mm512_fmadd_ps(IOTA16, VSET1(T2F(sb) * (float)sc),
-                                         VSET1(-(T2F(sb + 2) * (float)mn)));
-        const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1));
-        w[0] = _mm512_permutexvar_ps(_mm512_srl_epi32(_mm512_cvtepu8_epi32(LD128(qs)), sh), t);
-        w[1] = _mm512_permutexvar_ps(_mm512_srl_epi32(_mm512_cvtepu8_epi32(LD128(qs + 16)), sh), t);
+        const __m512 t = _mm512_fmadd_ps(IOTA16, VSET1(st->d[j]), VSET1(st->m[j]));
+        const __m512i v0 = _mm512_cvtepu8_epi32(LD128(qs)), v1 = _mm512_cvtepu8_epi32(LD128(qs + 16));
+        w[0] = _mm512_permutexvar_ps(odd ? _mm512_srli_epi32(v0, 4) : v0, t);
+        w[1] = _mm512_permutexvar_ps(odd ? _mm512_srli_epi32(v1, 4) : v1, t);
         return;
     }
 #endif
-    const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1)), m4 = _mm_set1_epi8(0x0f);
-    CVT16U(_mm_and_si128(_mm_srl_epi16(LD128(qs), sh), m4), w);
-    CVT16U(_mm_and_si128(_mm_srl_epi16(LD128(qs + 16), sh), m4), w + NV / 2);
-    int sc, mn;
-    kq_scale_min(sb + 4, j, &sc, &mn);
-    const float d = H2F(sb) * (float)sc, m = -(H2F(sb + 2) * (float)mn);
-    SFX(affine)(w, d, d, m, m, 1, exact);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i q0 = LD128(qs), q1 = LD128(qs + 16);
+    CVT16U(_mm_and_si128(odd ? _mm_srli_epi16(q0, 4) : q0, m4), w);
+    CVT16U(_mm_and_si128(odd ? _mm_srli_epi16(q1, 4) : q1, m4), w + NV / 2);
+    SFX(affine)(w, st->d[j], st->d[j], st->m[j], st->m[j], 1, exact);
 }
 
-AI void SFX(chunk_q5_k)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q5_k)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
     const uint8_t *sb = row + (c >> 3) * 176;
-    const int j = (int)(c & 7);
+    const int j = (int)(c & 7), odd = u >= 0 ? (u & 1) : (j & 1);
     const uint8_t *qh = sb + 16, *qs = sb + 48 + 32 * (j >> 1);
-    const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1)), shh = _mm_cvtsi32_si128(j);
+#ifdef PERM16
+    if (!exact) {
+        const __m512 d = VSET1(st->d[j]), m = VSET1(st->m[j]);
+        const __m512 t0 = _mm512_fmadd_ps(IOTA16, d, m);
+        const __m512 t1 = _mm512_fmadd_ps(_mm512_add_ps(IOTA16, VSET1(16.f)), d, m);
+        const __m128i bit = _mm_set1_epi8((char)(1 << j));
+        const __m512i k16 = _mm512_set1_epi32(16);
+        for (int h = 0; h < 2; h++) {
+            const __m512i v = _mm512_cvtepu8_epi32(LD128(qs + 16 * h));
+            const __m512i lo = _mm512_and_si512(odd ? _mm512_srli_epi32(v, 4) : v, _mm512_set1_epi32(15));
+            const __mmask16 hb = _mm_test_epi8_mask(LD128(qh + 16 * h), bit);
+            w[h] = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(lo, hb, lo, k16), t1);
+        }
+        return;
+    }
+#endif
+    const __m128i shh = _mm_cvtsi32_si128(j);
     const __m128i m4 = _mm_set1_epi8(0x0f), one = _mm_set1_epi8(1);
     for (int h = 0; h < 2; h++) {
-        const __m128i lo = _mm_and_si128(_mm_srl_epi16(LD128(qs + 16 * h), sh), m4);
+        const __m128i q = LD128(qs + 16 * h);
+        const __m128i lo = _mm_and_si128(odd ? _mm_srli_epi16(q, 4) : q, m4);
         const __m128i hb = _mm_and_si128(_mm_srl_epi16(LD128(qh + 16 * h), shh), one);
         CVT16U(_mm_or_si128(lo, _mm_slli_epi16(hb, 4)), w + h * (NV / 2));
     }
-    int sc, mn;
-    kq_scale_min(sb + 4, j, &sc, &mn);
-    const float d = H2F(sb) * (float)sc, m = -(H2F(sb + 2) * (float)mn);
-    SFX(affine)(w, d, d, m, m, 1, exact);
+    SFX(affine)(w, st->d[j], st->d[j], st->m[j], st->m[j], 1, exact);
 }
 
-AI void SFX(chunk_q6_k)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_q6_k)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    /* u: c % 4 when the caller knows it at compile time (-1: not known) */
     const uint8_t *sb = row + (c >> 3) * 210;
-    const int j = (int)(c & 7), g = j >> 2, s = j & 3;
+    const int j = (int)(c & 7), g = j >> 2, s = u >= 0 ? u : (j & 3);
     const uint8_t *ql = sb + 64 * g + 32 * (s & 1), *qh = sb + 128 + 32 * g;
-    const __m128i shl = _mm_cvtsi32_si128(4 * (s >> 1)), shh = _mm_cvtsi32_si128(2 * s);
     const __m128i m4 = _mm_set1_epi8(0x0f), m2 = _mm_set1_epi8(3), k32 = _mm_set1_epi8(32);
     for (int h = 0; h < 2; h++) {
-        const __m128i lo = _mm_and_si128(_mm_srl_epi16(LD128(ql + 16 * h), shl), m4);
-        const __m128i hb = _mm_and_si128(_mm_srl_epi16(LD128(qh + 16 * h), shh), m2);
+        const __m128i l = LD128(ql + 16 * h), hq = LD128(qh + 16 * h);
+        const __m128i lo = _mm_and_si128(s >> 1 ? _mm_srli_epi16(l, 4) : l, m4);
+        const __m128i hs = s == 0 ? hq : s == 1 ? _mm_srli_epi16(hq, 2) : s == 2 ? _mm_srli_epi16(hq, 4) : _mm_srli_epi16(hq, 6);
+        const __m128i hb = _mm_and_si128(hs, m2);
         CVT16S(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hb, 4)), k32), w + h * (NV / 2));
     }
-    const int8_t *sc = (const int8_t *)(sb + 192);
-    const float d = H2F(sb + 208);
-    SFX(affine)(w, d * (float)sc[2 * j], d * (float)sc[2 * j + 1], 0.f, 0.f, 0, exact);
+    SFX(affine)(w, st->d[2 * j], st->d[2 * j + 1], 0.f, 0.f, 0, exact);
 }
 
-AI void SFX(chunk_f32)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_f32)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     (void)exact;
     const float *p = (const float *)(const void *)row + c * 32;
     for (int v = 0; v < NV; v++)
         w[v] = VLOADU(p + v * W);
 }
 
-AI void SFX(chunk_f16)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_f16)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     (void)exact;
     const uint8_t *p = row + c * 64;
     LDF16(p, w);
     LDF16(p + 32, w + NV / 2);
 }
 
-AI void SFX(chunk_bf16)(const uint8_t *row, int64_t c, vf *w, int exact) {
+AI void SFX(chunk_bf16)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                      const int u) {
+    (void)st;
+    (void)u;
     (void)exact;
     const uint8_t *p = row + c * 64;
     LDBF16(p, w);
@@ -228,11 +265,46 @@ AI float SFX(val_none)(const uint8_t *row, int64_t k) {
     return 0.f;
 }
 
+/* Per (row, super-block) scales, computed once for its 8 chunks (K-quants), 8 or 16 at a
+ * time: the same float products (d * sc, dmin * m) as the scalar unpacking. */
+AI void SFX(kq_scales)(const uint8_t *sb, kstate *st) {
+    const uint32_t a = rd32(sb + 4), b = rd32(sb + 8), c = rd32(sb + 12);
+    const uint64_t sc = (uint64_t)(a & 0x3f3f3f3fu) |
+                        (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+    const uint64_t mn = (uint64_t)(b & 0x3f3f3f3fu) |
+                        (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
+    const __m256 d = _mm256_set1_ps(T2F(sb)), dmin = _mm256_set1_ps(T2F(sb + 2));
+    const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+    const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+    _mm256_storeu_ps(st->d, _mm256_mul_ps(d, scf));
+    /* -(dmin * m): negating is exact, as in the scalar form */
+    _mm256_storeu_ps(st->m, _mm256_xor_ps(_mm256_mul_ps(dmin, mnf), _mm256_set1_ps(-0.0f)));
+}
+AI void SFX(prep_q4_k)(const uint8_t *row, int64_t sbi, kstate *st) {
+    SFX(kq_scales)(row + sbi * 144, st);
+}
+AI void SFX(prep_q5_k)(const uint8_t *row, int64_t sbi, kstate *st) {
+    SFX(kq_scales)(row + sbi * 176, st);
+}
+AI void SFX(prep_q6_k)(const uint8_t *row, int64_t sbi, kstate *st) {
+    const uint8_t *sb = row + sbi * 210;
+    const __m256 d = _mm256_set1_ps(T2F(sb + 208));
+    const __m128i sc = LD128(sb + 192);
+    _mm256_storeu_ps(st->d, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(st->d + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                     _mm_srli_si128(sc, 8)))));
+}
+AI void SFX(prep_none)(const uint8_t *row, int64_t sbi, kstate *st) {
+    (void)row;
+    (void)sbi;
+    (void)st;
+}
+
 /* The tile: R weight rows times BT x-rows, both compile-time constants once inlined.
  * Every (r, b) keeps its own two accumulators; vector v of every chunk goes into
  * accumulator v % 2, chunks in order, then one fixed horizontal sum, then the tail in
  * order. Nothing in (r, b)'s arithmetic depends on R, BT, the other rows or r0. */
-#define DEF_TYPE(T, TAILED, VAL)                                                                  \
+#define DEF_TYPE(T, TAILED, VAL, SB, P, CS)                                                              \
     AI void SFX(tile_##T)(const uint8_t *w, size_t rb, const int R, const int BT,                \
                           const float *x, int64_t K, float *out, int64_t ldo) {                  \
         const int64_t nch = K / 32;                                                              \
@@ -244,16 +316,24 @@ AI float SFX(val_none)(const uint8_t *row, int64_t k) {
          * stream read at R points at once, which the hardware prefetchers follow poorly. */ \
         const size_t cb = rb * 32 / (size_t)K, step = (size_t)R * cb;                            \
         const uint8_t *pf = w + (size_t)PF_GROUPS * R * rb;                                      \
-        for (int64_t c = 0; c < nch; c++) {                                                      \
-            for (size_t off = 0; off < step; off += 64)                                          \
-                _mm_prefetch((const char *)(pf + (size_t)c * step + off), _MM_HINT_T0);          \
-            for (int r = 0; r < R; r++) {                                                        \
-                vf wv[NV];                                                                       \
-                SFX(chunk_##T)(w + r * rb, c, wv, 0);                                            \
-                for (int b = 0; b < BT; b++) {                                                   \
-                    const float *xp = x + b * K + c * 32;                                        \
-                    for (int v = 0; v < NV; v++)                                                 \
-                        acc[r][b][v & 1] = VFMA(wv[v], VLOADU(xp + v * W), acc[r][b][v & 1]);    \
+        kstate st[4];                                                                            \
+        /* CS chunks per step (nch is a multiple of CS): c % CS is a compile-time constant */ \
+        for (int64_t c0 = 0; c0 < nch; c0 += CS) {                                               \
+            for (size_t off = 0; off < CS * step; off += 64)                                     \
+                _mm_prefetch((const char *)(pf + (size_t)c0 * step + off), _MM_HINT_T0);         \
+            if (SB > 1 && c0 % SB == 0)                                                          \
+                for (int r = 0; r < R; r++)                                                      \
+                    SFX(prep_##P)(w + r * rb, c0 / SB, &st[r]);                                  \
+            for (int u = 0; u < CS; u++) {                                                       \
+                const int64_t c = c0 + u;                                                        \
+                for (int r = 0; r < R; r++) {                                                    \
+                    vf wv[NV];                                                                   \
+                    SFX(chunk_##T)(w + r * rb, c, wv, 0, &st[r], CS > 1 ? u : -1);               \
+                    for (int b = 0; b < BT; b++) {                                               \
+                        const float *xp = x + b * K + c * 32;                                    \
+                        for (int v = 0; v < NV; v++)                                             \
+                            acc[r][b][v & 1] = VFMA(wv[v], VLOADU(xp + v * W), acc[r][b][v & 1]); \
+                    }                                                                            \
                 }                                                                                \
             }                                                                                    \
         }                                                                                        \
@@ -294,9 +374,12 @@ AI float SFX(val_none)(const uint8_t *row, int64_t k) {
     }                                                                                            \
     static void SFX(deq_##T)(const uint8_t *row, int64_t K, float *out) {                        \
         const int64_t nch = K / 32;                                                              \
+        kstate st;                                                                               \
         for (int64_t c = 0; c < nch; c++) {                                                      \
             vf wv[NV];                                                                           \
-            SFX(chunk_##T)(row, c, wv, 1);                                                       \
+            if (SB > 1 && c % SB == 0)                                                           \
+                SFX(prep_##P)(row, c / SB, &st);                                                 \
+            SFX(chunk_##T)(row, c, wv, 1, &st, -1);                                                  \
             for (int v = 0; v < NV; v++)                                                         \
                 VSTOREU(out + c * 32 + v * W, wv[v]);                                            \
         }                                                                                        \
@@ -310,17 +393,17 @@ AI float SFX(val_none)(const uint8_t *row, int64_t k) {
         SFX(tile_##T)(w, rb, R, BT, x, K, out, ldo);                                             \
         break;
 
-DEF_TYPE(q4_0, 0, none)
-DEF_TYPE(q4_1, 0, none)
-DEF_TYPE(q5_0, 0, none)
-DEF_TYPE(q5_1, 0, none)
-DEF_TYPE(q8_0, 0, none)
-DEF_TYPE(q4_k, 0, none)
-DEF_TYPE(q5_k, 0, none)
-DEF_TYPE(q6_k, 0, none)
-DEF_TYPE(f32, 1, f32)
-DEF_TYPE(f16, 1, f16)
-DEF_TYPE(bf16, 1, bf16)
+DEF_TYPE(q4_0, 0, none, 1, none, 1)
+DEF_TYPE(q4_1, 0, none, 1, none, 1)
+DEF_TYPE(q5_0, 0, none, 1, none, 1)
+DEF_TYPE(q5_1, 0, none, 1, none, 1)
+DEF_TYPE(q8_0, 0, none, 1, none, 1)
+DEF_TYPE(q4_k, 0, none, 8, q4_k, 2)
+DEF_TYPE(q5_k, 0, none, 8, q5_k, 2)
+DEF_TYPE(q6_k, 0, none, 8, q6_k, 4)
+DEF_TYPE(f32, 1, f32, 1, none, 1)
+DEF_TYPE(f16, 1, f16, 1, none, 1)
+DEF_TYPE(bf16, 1, bf16, 1, none, 1)
 
 static linear_rows_fn SFX(linear_for)(int qt) {
     switch (qt) {

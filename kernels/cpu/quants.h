@@ -95,6 +95,13 @@ static inline float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* A K-quant super-block's scales for its chunks: Q4_K/Q5_K d * sc[j] and -(dmin * m[j])
+ * per 32-value chunk j; Q6_K d * sc[i] per 16 values. */
+typedef struct {
+    float d[16];
+    float m[8];
+} kstate;
+
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block. */
 static inline void kq_scale_min(const uint8_t *s, int j, int *sc, int *m) {
     if (j < 4) {
