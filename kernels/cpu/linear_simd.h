@@ -210,15 +210,33 @@ AI void SFX(chunk_q6_k)(const uint8_t *row, int64_t c, vf *w, int exact, const k
     const uint8_t *sb = row + (c >> 3) * 210;
     const int j = (int)(c & 7), g = j >> 2, s = u >= 0 ? u : (j & 3);
     const uint8_t *ql = sb + 64 * g + 32 * (s & 1), *qh = sb + 128 + 32 * g;
-    const __m128i m4 = _mm_set1_epi8(0x0f), m2 = _mm_set1_epi8(3), k32 = _mm_set1_epi8(32);
+    const __m128i m4 = _mm_set1_epi8(0x0f), m30 = _mm_set1_epi8(0x30);
     for (int h = 0; h < 2; h++) {
         const __m128i l = LD128(ql + 16 * h), hq = LD128(qh + 16 * h);
-        const __m128i lo = _mm_and_si128(s >> 1 ? _mm_srli_epi16(l, 4) : l, m4);
-        const __m128i hs = s == 0 ? hq : s == 1 ? _mm_srli_epi16(hq, 2) : s == 2 ? _mm_srli_epi16(hq, 4) : _mm_srli_epi16(hq, 6);
-        const __m128i hb = _mm_and_si128(hs, m2);
-        CVT16S(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hb, 4)), k32), w + h * (NV / 2));
+        __m128i lo, hb; /* low 4 bits; bits 2s, 2s+1 of qh moved to bits 4, 5 */
+        if (u >= 0) {   /* s known at compile time: immediate shifts */
+            lo = _mm_and_si128(s >> 1 ? _mm_srli_epi16(l, 4) : l, m4);
+            hb = _mm_and_si128(s == 0   ? _mm_slli_epi16(hq, 4)
+                               : s == 1 ? _mm_slli_epi16(hq, 2)
+                               : s == 2 ? hq
+                                        : _mm_srli_epi16(hq, 2),
+                               m30);
+        } else {
+            lo = _mm_and_si128(_mm_srl_epi16(l, _mm_cvtsi32_si128(4 * (s >> 1))), m4);
+            hb = _mm_slli_epi16(
+                _mm_and_si128(_mm_srl_epi16(hq, _mm_cvtsi32_si128(2 * s)), _mm_set1_epi8(3)), 4);
+        }
+        const __m128i q = _mm_or_si128(lo, hb); /* 0..63 */
+        if (exact)
+            CVT16S(_mm_sub_epi8(q, _mm_set1_epi8(32)), w + h * (NV / 2));
+        else
+            CVT16U(q, w + h * (NV / 2));
     }
-    SFX(affine)(w, st->d[2 * j], st->d[2 * j + 1], 0.f, 0.f, 0, exact);
+    const float d0 = st->d[2 * j], d1 = st->d[2 * j + 1];
+    if (exact) /* gguf: (d * sc) * (q - 32) */
+        SFX(affine)(w, d0, d1, 0.f, 0.f, 0, 1);
+    else /* (d * sc) * q - 32 * (d * sc), one FMA */
+        SFX(affine)(w, d0, d1, -32.f * d0, -32.f * d1, 1, 0);
 }
 
 AI void SFX(chunk_f32)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
@@ -400,7 +418,7 @@ DEF_TYPE(q5_1, 0, none, 1, none, 1)
 DEF_TYPE(q8_0, 0, none, 1, none, 1)
 DEF_TYPE(q4_k, 0, none, 8, q4_k, 2)
 DEF_TYPE(q5_k, 0, none, 8, q5_k, 2)
-DEF_TYPE(q6_k, 0, none, 8, q6_k, 4)
+DEF_TYPE(q6_k, 0, none, 8, q6_k, 1)
 DEF_TYPE(f32, 1, f32, 1, none, 1)
 DEF_TYPE(f16, 1, f16, 1, none, 1)
 DEF_TYPE(bf16, 1, bf16, 1, none, 1)
