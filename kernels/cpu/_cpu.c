@@ -112,6 +112,12 @@ fail:
     return -1;
 }
 
+/* Whether two buffers share any byte (an output must not alias an input). */
+static int overlap(const Buf *a, const Buf *b) {
+    const char *a0 = (const char *)a->v.buf, *b0 = (const char *)b->v.buf;
+    return a->v.len > 0 && b->v.len > 0 && a0 < b0 + b->v.len && b0 < a0 + a->v.len;
+}
+
 static Py_ssize_t dim(const Buf *b, int i) { return b->v.shape ? b->v.shape[i] : b->v.len; }
 
 /* The number of values K of a row of `row_bytes` bytes of type qt, or -1 (error set). */
@@ -233,6 +239,10 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_ValueError, "out has %zd rows, x has %zd", dim(&o, 0), B);
         goto fail;
     }
+    if (overlap(&o, &x) || overlap(&o, &w)) {
+        PyErr_SetString(PyExc_ValueError, "out must not share memory with x or w");
+        goto fail;
+    }
     if (col0 < 0 || col0 > ldo || N > ldo - col0) {
         PyErr_Format(PyExc_ValueError, "out has %zd columns: too few for %zd rows of w at col0=%zd",
                      ldo, N, col0);
@@ -281,6 +291,10 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
     if (dim(&o, 0) != R || dim(&o, 1) != K) {
         PyErr_Format(PyExc_ValueError, "out must be (%zd, %zd) for %zd %s rows, got (%zd, %zd)", R,
                      K, R, qt_name(qt), dim(&o, 0), dim(&o, 1));
+        goto fail;
+    }
+    if (overlap(&o, &w)) {
+        PyErr_SetString(PyExc_ValueError, "out must not share memory with w");
         goto fail;
     }
     {

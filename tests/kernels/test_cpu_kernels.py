@@ -245,6 +245,10 @@ def test_bad_inputs_raise_instead_of_crashing():
         _cpu.linear(qt, w, x, out, col0=-1)
     with pytest.raises(ValueError, match="rows"):
         _cpu.linear(qt, w, x, np.empty((3, 8), np.float32))
+    with pytest.raises(ValueError, match="share memory"):
+        _cpu.linear(qt, w, x, x)  # out (2, 64) would overwrite x while reading it
+    with pytest.raises(ValueError, match="share memory"):
+        _cpu.dequantize(QTYPES["F32"], x, x)
     readonly = np.empty((2, 8), np.float32)
     readonly.flags.writeable = False
     with pytest.raises(ValueError, match="writable"):
