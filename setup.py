@@ -1,8 +1,10 @@
 """Builds kernels._cpu, the compiled CPU kernels (kernels/cpu/*.c), in place.
 
 `make` runs `python setup.py -q build_ext --inplace` when the sources change; `pip install
--e .` builds it too. The extension is optional: where it does not compile (no C compiler,
-no OpenMP) the install still succeeds and the server runs on the numpy backend.
+-e .` builds it too. The extension is optional: where it does not compile (no C compiler)
+the install still succeeds and the server runs on the numpy backend. Threads: its own
+small pthread pool (kernels/cpu/pool.c), not OpenMP, whose fork/join barrier waits for
+every thread even when another process holds its core.
 
 No -march=native: the binary runs on any x86-64 and picks its AVX-512 / AVX2 / portable
 kernels at import (kernels/cpu/linear.c). -ffp-contract=off: the kernels' fused
@@ -11,8 +13,18 @@ multiply-adds are all explicit, which is what keeps their arithmetic fixed.
 
 from setuptools import Extension, setup
 
-CPU_SOURCES = ["kernels/cpu/_cpu.c", "kernels/cpu/linear.c", "kernels/cpu/ops.c"]
-CPU_HEADERS = ["kernels/cpu/quants.h", "kernels/cpu/linear_simd.h", "kernels/cpu/ops.h"]
+CPU_SOURCES = [
+    "kernels/cpu/_cpu.c",
+    "kernels/cpu/linear.c",
+    "kernels/cpu/ops.c",
+    "kernels/cpu/pool.c",
+]
+CPU_HEADERS = [
+    "kernels/cpu/quants.h",
+    "kernels/cpu/linear_simd.h",
+    "kernels/cpu/ops.h",
+    "kernels/cpu/pool.h",
+]
 
 setup(
     ext_modules=[
@@ -21,8 +33,8 @@ setup(
             sources=CPU_SOURCES,
             depends=CPU_HEADERS,
             include_dirs=["kernels/cpu"],
-            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"],
-            extra_link_args=["-fopenmp"],
+            extra_compile_args=["-O3", "-pthread", "-ffp-contract=off", "-std=gnu11"],
+            extra_link_args=["-pthread"],
             optional=True,
         )
     ]

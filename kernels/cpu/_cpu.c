@@ -7,13 +7,11 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ops.h"
 #include "quants.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -33,11 +31,8 @@ static int usable_cores(void) {
             return n;
     }
 #endif
-#ifdef _OPENMP
-    return omp_get_num_procs();
-#else
-    return 1;
-#endif
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 /* ------------------------------------------------------------------ buffers */
@@ -512,7 +507,7 @@ static PyMethodDef methods[] = {
      "set_isa(name): use a lower ISA's kernels (tests); ValueError if the CPU lacks it."},
     {"supported_isas", py_supported_isas, METH_NOARGS,
      "supported_isas() -> tuple of the ISA levels this CPU runs, lowest first."},
-    {"set_threads", py_set_threads, METH_O, "set_threads(n): OpenMP threads per call."},
+    {"set_threads", py_set_threads, METH_O, "set_threads(n): threads per call (the caller and n - 1 pool workers)."},
     {"get_threads", py_get_threads, METH_NOARGS, "get_threads() -> threads per call."},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,
      "linear(qtype, w, x, out, col0=0): out[b, col0 + r] = sum_k W[r, k] * x[b, k].\n"

@@ -1,14 +1,12 @@
 /* linear (W x) and dequantize over GGUF blocks: the portable C kernels, the AVX2 and
- * AVX-512 ones (linear_simd.h compiled once per ISA), the ISA choice and the OpenMP
+ * AVX-512 ones (linear_simd.h compiled once per ISA), the ISA choice and the threaded
  * drivers. Build with -ffp-contract=off: every fused multiply-add here is explicit,
  * so one ISA's arithmetic is fixed by this source, not by the compiler's mood. */
 #include "quants.h"
 
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "pool.h"
 
 const char *qt_name(int qt) {
     switch (qt) {
@@ -495,9 +493,24 @@ dequant_row_fn dequant_kernel(int isa, int qt) {
     return dequant_for_generic(qt);
 }
 
-/* Rows go to threads in fixed chunks of whole row groups; each output element is
- * computed by one thread from start to end, so the thread count never changes a bit.
- * Small products stay on the calling thread (a fork/join costs more than they do). */
+/* Rows go to threads in fixed chunks of whole row groups (pool.h); each output element
+ * is computed by one thread from start to end, so the thread count never changes a bit.
+ * Small products stay on the calling thread (handing them out costs more than they do). */
+typedef struct {
+    linear_rows_fn fn;
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t N, K, B, ldo, chunk;
+    const float *x;
+    float *out;
+} linear_job;
+
+static void linear_chunk(void *ctx, int64_t i) {
+    const linear_job *j = ctx;
+    const int64_t r0 = i * j->chunk, r1 = r0 + j->chunk < j->N ? r0 + j->chunk : j->N;
+    j->fn(j->w, j->row_bytes, r0, r1, j->K, j->x, j->B, j->out, j->ldo);
+}
+
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
                 int64_t K, const float *x, int64_t B, float *out, int64_t ldo) {
     linear_rows_fn fn = linear_kernel(isa, qt);
@@ -514,14 +527,23 @@ void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_byte
     chunk = (chunk + 3) & ~(int64_t)3;
     if (chunk < 16)
         chunk = 16;
-    const int64_t nchunks = (N + chunk - 1) / chunk;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-#endif
-    for (int64_t i = 0; i < nchunks; i++) {
-        const int64_t r0 = i * chunk, r1 = r0 + chunk < N ? r0 + chunk : N;
-        fn(w, row_bytes, r0, r1, K, x, B, out, ldo);
-    }
+    linear_job job = {fn, w, row_bytes, N, K, B, ldo, chunk, x, out};
+    pool_run(nthreads, (N + chunk - 1) / chunk, linear_chunk, &job);
+}
+
+typedef struct {
+    dequant_row_fn fn;
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t R, K, chunk;
+    float *out;
+} dequant_job;
+
+static void dequant_chunk(void *ctx, int64_t i) {
+    const dequant_job *j = ctx;
+    const int64_t r1 = (i + 1) * j->chunk < j->R ? (i + 1) * j->chunk : j->R;
+    for (int64_t r = i * j->chunk; r < r1; r++)
+        j->fn(j->w + r * j->row_bytes, j->K, j->out + r * j->K);
 }
 
 void cpu_dequantize(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes,
@@ -529,14 +551,12 @@ void cpu_dequantize(int isa, int nthreads, int qt, const uint8_t *w, size_t row_
     dequant_row_fn fn = dequant_kernel(isa, qt);
     if (fn == NULL || R <= 0)
         return;
-    if (nthreads <= 1 || (double)R * (double)K < 65536.0) {
-        for (int64_t r = 0; r < R; r++)
-            fn(w + r * row_bytes, K, out + r * K);
-        return;
+    int64_t chunk = R;
+    if (nthreads > 1 && (double)R * (double)K >= 65536.0) {
+        chunk = (R + (int64_t)nthreads * 4 - 1) / ((int64_t)nthreads * 4);
+        if (chunk * K < 8192)
+            chunk = (8192 + K - 1) / K;
     }
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-#endif
-    for (int64_t r = 0; r < R; r++)
-        fn(w + r * row_bytes, K, out + r * K);
+    dequant_job job = {fn, w, row_bytes, R, K, chunk, out};
+    pool_run(nthreads, (R + chunk - 1) / chunk, dequant_chunk, &job);
 }

@@ -5,9 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "pool.h"
 
 #define LANES 16
 
@@ -68,6 +66,31 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     }
 }
 
+typedef struct {
+    const float *q, *kcache, *vcache;
+    int64_t n_slots, head_stride, layer_base, H, Hkv, Dh, window;
+    const int64_t *slots, *positions;
+    float scale, softcap;
+    float *out;
+} attn_job;
+
+static void attn_one(void *ctx, int64_t j) {
+    const attn_job *a = ctx;
+    const int64_t b = j / a->H, h = j % a->H, p = a->positions[b];
+    const int64_t lo = a->window > 0 && p + 1 > a->window ? p + 1 - a->window : 0;
+    const int64_t base =
+        a->layer_base + (a->slots[b] * a->Hkv + h / (a->H / a->Hkv)) * a->head_stride;
+    float stack[4096];
+    const int64_t need = (p - lo + 1) + a->Dh;
+    float *scratch = need <= 4096 ? stack : malloc((size_t)need * sizeof(float));
+    if (scratch == NULL)
+        return; /* out of memory: leaves this head's output as it was */
+    attend_head(a->q + (b * a->H + h) * a->Dh, a->kcache + base, a->vcache + base, lo, p, a->Dh,
+                a->scale, a->softcap, scratch + a->Dh, scratch, a->out + (b * a->H + h) * a->Dh);
+    if (scratch != stack)
+        free(scratch);
+}
+
 void cpu_attention_decode(int nthreads, const float *q, const float *k, const float *v,
                           float *kcache, float *vcache, int64_t n_slots, int64_t n_ctx,
                           int64_t layer, const int64_t *slots, const int64_t *positions,
@@ -75,49 +98,26 @@ void cpu_attention_decode(int nthreads, const float *q, const float *k, const fl
                           int64_t window, float softcap, float *out) {
     const int64_t head_stride = n_ctx * Dh;
     const int64_t layer_base = layer * n_slots * Hkv * head_stride;
+    int64_t longest = 1;
     for (int64_t b = 0; b < B; b++) {
         const int64_t p = positions[b];
+        if (p + 1 > longest)
+            longest = p + 1;
         for (int64_t h = 0; h < Hkv; h++) {
             const int64_t at = layer_base + (slots[b] * Hkv + h) * head_stride + p * Dh;
             memcpy(kcache + at, k + (b * Hkv + h) * Dh, (size_t)Dh * sizeof(float));
             memcpy(vcache + at, v + (b * Hkv + h) * Dh, (size_t)Dh * sizeof(float));
         }
     }
-    int64_t longest = 1;
-    for (int64_t b = 0; b < B; b++)
-        if (positions[b] + 1 > longest)
-            longest = positions[b] + 1;
-    const int64_t group = H / Hkv, jobs = B * H;
-    int nt = nthreads;
-    if ((double)jobs * (double)longest * (double)Dh < 32768.0)
-        nt = 1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
-    {
-        float *scores = malloc((size_t)(longest + Dh) * sizeof(float));
-        if (scores != NULL) {
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-            for (int64_t j = 0; j < jobs; j++) {
-                const int64_t b = j / H, h = j % H, p = positions[b];
-                const int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
-                const int64_t base = layer_base + (slots[b] * Hkv + h / group) * head_stride;
-                attend_head(q + (b * H + h) * Dh, kcache + base, vcache + base, lo, p, Dh, scale,
-                            softcap, scores + Dh, scores, out + (b * H + h) * Dh);
-            }
-            free(scores);
-        }
-    }
+    attn_job job = {q,     kcache,  vcache,    n_slots, head_stride, layer_base, H, Hkv, Dh,
+                    window, slots, positions, scale,   softcap,     out};
+    const int nt = (double)B * (double)H * (double)longest * (double)Dh < 32768.0 ? 1 : nthreads;
+    pool_run(nt, B * H, attn_one, &job);
 }
 
 void cpu_rms_norm(int nthreads, const float *x, const float *w, float eps, int64_t n, int64_t D,
                   float *out) {
-    int nt = (double)n * (double)D < 65536.0 ? 1 : nthreads;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static)
-#endif
+    (void)nthreads; /* a decode step's few rows: not worth handing out */
     for (int64_t i = 0; i < n; i++) {
         const float *xr = x + i * D;
         double acc[LANES] = {0};
@@ -141,10 +141,7 @@ void cpu_rms_norm(int nthreads, const float *x, const float *w, float eps, int64
 void cpu_rope(int nthreads, float *x, const int64_t *positions, const float *cos_t,
               const float *sin_t, int64_t n, int64_t H, int64_t Dh, int neox) {
     const int64_t half = Dh / 2;
-    int nt = (double)n * (double)H * (double)Dh < 65536.0 ? 1 : nthreads;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static)
-#endif
+    (void)nthreads;
     for (int64_t i = 0; i < n; i++) {
         const float *c = cos_t + positions[i] * half, *s = sin_t + positions[i] * half;
         for (int64_t h = 0; h < H; h++) {

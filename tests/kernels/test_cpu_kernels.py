@@ -423,3 +423,65 @@ def test_rope_matches_numpy_in_place(neox):
         _cpu.rope(y, np.array([0, 1, 2, 3, 64], np.int64), cos, sin, neox)
     with pytest.raises(ValueError):
         _cpu.rope(y, positions, cos[:, :8].copy(), sin[:, :8].copy(), neox)
+
+
+# ---- the thread pool ----
+
+
+def test_concurrent_callers_and_many_jobs_get_exact_results(threads):
+    """Python threads calling at once (one gets the pool, the others run on their own
+    thread) and thousands of back-to-back jobs: every result is the single-thread one."""
+    import threading
+
+    rng = np.random.default_rng(12)
+    w = make_weights("Q4_1", 401, 576, rng)
+    xs = [rng.standard_normal((b % 3 + 1, 576)).astype(np.float32) for b in range(6)]
+    threads(1)
+    expected = []
+    for x in xs:
+        out = np.empty((x.shape[0], 401), np.float32)
+        _cpu.linear(QTYPES["Q4_1"], w, x, out)
+        expected.append(out)
+    threads(3)
+    failures = []
+
+    def hammer(k):
+        for i in range(150):
+            x = xs[(k + i) % len(xs)]
+            out = np.empty((x.shape[0], 401), np.float32)
+            _cpu.linear(QTYPES["Q4_1"], w, x, out)
+            if not np.array_equal(out, expected[(k + i) % len(xs)]):
+                failures.append((k, i))
+
+    workers = [threading.Thread(target=hammer, args=(k,)) for k in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in workers)
+    assert failures == []
+
+
+def test_a_forked_child_still_computes(threads):
+    """After fork the child has no pool workers: the caller does every job itself."""
+    import multiprocessing
+
+    threads(2)
+    rng = np.random.default_rng(13)
+    w = make_weights("Q8_0", 300, 576, rng)
+    x = rng.standard_normal((2, 576)).astype(np.float32)
+    out = np.empty((2, 300), np.float32)
+    _cpu.linear(QTYPES["Q8_0"], w, x, out)  # the parent's workers exist now
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child_linear, args=(w, x, queue))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert np.array_equal(queue.get(timeout=5), out)
+
+
+def _child_linear(w, x, queue):
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    _cpu.linear(QTYPES["Q8_0"], w, x, out)
+    queue.put(out)
