@@ -20,8 +20,10 @@
 
 #define MAX_WORKERS 255
 #define IDX_MASK 0xffffffffull
-/* A worker spins this many polls for the next job before it sleeps (~50-100 us). */
-#define SPIN_POLLS 20000
+/* A waiting worker polls with `pause` this many times, then with sched_yield (so that a
+ * caller the OS put on the same core gets it) this many more, then sleeps. */
+#define SPIN_POLLS 256
+#define YIELD_POLLS 4000
 
 static _Atomic uint64_t g_state = 0;          /* (gen << 32) | next index */
 static _Atomic(pool_fn) g_fn = NULL;
@@ -65,6 +67,10 @@ static void *worker(void *arg) {
         while (atomic_load(&g_posted) == seen) {
             if (++polls < SPIN_POLLS) {
                 CPU_RELAX();
+                continue;
+            }
+            if (polls < SPIN_POLLS + YIELD_POLLS) {
+                sched_yield();
                 continue;
             }
             pthread_mutex_lock(&g_sleep_lock);
@@ -128,7 +134,7 @@ void pool_run(int nthreads, int64_t n_jobs, pool_fn fn, void *ctx) {
     /* Every index is claimed; wait for the ones a worker is still running. */
     int polls = 0;
     while (atomic_load(&g_done) < n_jobs) {
-        if (++polls < 1000)
+        if (++polls < SPIN_POLLS)
             CPU_RELAX();
         else
             sched_yield();
