@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The compiled CPU kernels (kernels._cpu, from kernels/cpu/), rebuilt in place when their
-# sources change. Optional: where they do not build, make goes on and the server runs on
-# the numpy backend (and says so); the compiler's output is in $(CPU_KERNELS_LOG).
+# sources are newer than the module (`pip install -e` above builds it too; a failed build
+# leaves no stale module). Optional: where they do not build, make goes on and the server
+# runs on the numpy backend (and says so); the compiler's output is in $(CPU_KERNELS_LOG).
 CPU_KERNELS_STAMP := $(VENV)/.pantheon-cpu-kernels
 CPU_KERNELS_LOG := $(VENV)/cpu-kernels-build.log
 CPU_KERNELS_SOURCES := setup.py $(wildcard kernels/cpu/*.c kernels/cpu/*.h)
@@ -39,9 +40,12 @@ export CPU_KERNELS_CHECK := import glob, importlib.util as u; \
 cpu-kernels: $(CPU_KERNELS_STAMP)
 
 $(CPU_KERNELS_STAMP): $(STAMP) $(CPU_KERNELS_SOURCES)
-	@rm -f kernels/_cpu*.so build/lib*/kernels/_cpu*.so  # never run a stale build
-	@if $(BIN)/python setup.py -q build_ext --inplace >$(CPU_KERNELS_LOG) 2>&1 \
-		&& $(BIN)/python -c "$$CPU_KERNELS_CHECK" >>$(CPU_KERNELS_LOG) 2>&1; then \
+	@so=$$(ls kernels/_cpu*.so 2>/dev/null | head -n 1); \
+	if [ -z "$$so" ] || [ -n "$$(find $(CPU_KERNELS_SOURCES) -newer $$so)" ]; then \
+		rm -f kernels/_cpu*.so build/lib*/kernels/_cpu*.so; \
+		$(BIN)/python setup.py -q build_ext --inplace >$(CPU_KERNELS_LOG) 2>&1; \
+	fi; \
+	if $(BIN)/python -c "$$CPU_KERNELS_CHECK" >>$(CPU_KERNELS_LOG) 2>&1; then \
 		touch $@; \
 	else \
 		echo "compiled CPU kernels unavailable: the server runs on the numpy backend (see $(CPU_KERNELS_LOG))"; \
