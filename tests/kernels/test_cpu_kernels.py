@@ -17,7 +17,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 try:
     from kernels import _cpu
 except ImportError as exc:  # pragma: no cover - depends on the build
-    _reason = f"kernels._cpu is not built ({exc}); run `make cpu-kernels`"
+    _reason = f"kernels._cpu does not import ({exc}); build it with `make cpu-kernels`"
     if os.environ.get("PANTHEON_TESTS_STRICT") == "1":
         pytest.fail(_reason, pytrace=False)
     pytest.skip(_reason, allow_module_level=True)
