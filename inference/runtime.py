@@ -130,6 +130,7 @@ class LoadSpec:
             max_concurrent=self.max_concurrent,
             reasoning_budget=self.reasoning_budget,
             chat_template=resolve_chat_template(self.chat_template),
+            quantize=self.quantize,
             **shared,
         )
 
@@ -342,10 +343,11 @@ class Runtime:
                     f"(backend {kernels.backend_name()}); omit `dies`"
                 )
             raise InvalidOption("this engine cannot bind a model to dies yet; omit `dies`")
-        if spec.quantize:
+        if spec.quantize and kernels.kernel_name(spec.engine_config().backend) != "cpu":
             raise InvalidOption(
-                "quantize is not supported: the numpy engine runs float32 weights only; "
-                "omit `quantize` or send false"
+                "quantize needs the compiled CPU kernels, and this server runs the float32 "
+                "numpy engine (PANTHEON_BACKEND, or the kernels were not built); omit "
+                "`quantize` or send false"
             )
         try:
             checked = replace(spec, path=str(allowed_model_path(spec.path)))

@@ -45,6 +45,9 @@ class ModelConfig:
     # The compute backend the weights live on and run through (kernels.BACKENDS): "auto"
     # is the compiled CPU kernels when built, else numpy (PANTHEON_BACKEND).
     backend: str = "auto"
+    # Float matrices (F32, F16, BF16) quantised to Q8_0 at load (the `quantize` load
+    # option; compiled CPU kernels only).
+    quantize: bool = False
 
 
 @dataclass(frozen=True)

@@ -99,12 +99,18 @@ async def test_hanging_up_on_a_stalled_stream_aborts_the_generation(
     assert (await answer_when_free(asgi_app)).status == 200
 
 
-async def test_hanging_up_on_a_non_streamed_request_aborts_it(asgi_app, served, closed_streams):
+async def test_hanging_up_on_a_non_streamed_request_aborts_it(
+    asgi_app, served, closed_streams, smollm2_service
+):
     assert (await answer_when_free(asgi_app)).status == 200
     closed_streams.clear()
-    waiting = AsgiCall(asgi_app, CHAT, body(messages=LONG, max_tokens=400)).start()
+    # Long enough to still be running when we hang up, however fast the kernels: the
+    # turn's end tokens are banned, so it runs to max_tokens.
+    never_end = {str(i): -100 for i in smollm2_service.tokenizer.end_of_turn_ids}
+    request = body(messages=LONG, max_tokens=3000, logit_bias=never_end)
+    waiting = AsgiCall(asgi_app, CHAT, request).start()
     # Give the engine time to start generating, then hang up before the answer exists.
-    await asyncio.sleep(3)
+    await asyncio.sleep(1.5)
     assert not waiting.task.done()
     waiting.hang_up.set()
     await asyncio.wait_for(waiting.task, 10)

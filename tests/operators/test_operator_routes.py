@@ -112,9 +112,19 @@ def test_dies_without_an_accelerator_are_400_load_failed(api, rt, model_dir):
     assert "no accelerator dies" in message
 
 
-def test_quantize_is_400_load_failed(api, rt, model_dir):
+def test_quantize_on_the_numpy_engine_is_400_load_failed(api, rt, model_dir, settings):
+    settings.PANTHEON_ENGINE_OPTIONS = {**settings.PANTHEON_ENGINE_OPTIONS, "backend": "numpy"}
     assert "float32" in error_of(load(api, quantize=True), 400, "load_failed")
     assert load(api, quantize=False).status_code == 200
+
+
+def test_quantize_on_the_compiled_kernels_loads_smaller(api, rt, model_dir):
+    if kernels.kernel_name() != "cpu":
+        pytest.skip("the compiled CPU kernels are not built")
+    row = load(api, quantize=True).json()
+    assert row["quantize"] is True and row["kernel"] == "cpu"
+    plain = load(api, name="plain").json()
+    assert row["host_bytes"] < plain["host_bytes"]
 
 
 def test_paths_outside_the_model_folders_are_403(api, rt, model_dir, tmp_path):

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import kernels
@@ -204,9 +205,25 @@ def test_dies_on_a_host_without_dies_are_refused(rt, model_dir):
         rt.load(spec("a", dies=(0,)))
 
 
-def test_quantize_is_refused_honestly(rt, model_dir):
+def test_quantize_on_the_numpy_engine_is_refused_honestly(rt, model_dir, settings):
+    settings.PANTHEON_ENGINE_OPTIONS = {**settings.PANTHEON_ENGINE_OPTIONS, "backend": "numpy"}
     with pytest.raises(InvalidOption, match="float32"):
         rt.load(spec("a", quantize=True))
+
+
+def test_quantize_keeps_float_matrices_as_q8_0_blocks(rt, model_dir):
+    if kernels.kernel_name() != "cpu":
+        pytest.skip("the compiled CPU kernels are not built")
+    plain = rt.load(spec("plain")).svc
+    small = rt.load(spec("small", quantize=True)).svc
+    q = small.model.layers[0].attn_output
+    assert (q.storage, plain.model.layers[0].attn_output.storage) == ("Q8_0", "f32")
+    # Q8_0 holds 34 bytes per 32 values where float32 holds 128.
+    assert small.model.weight_bytes < 0.5 * plain.model.weight_bytes
+    tokens = np.array([1, 5, 9, 2, 7])
+    a = plain.model.forward(tokens, 0, plain.model.make_kv_cache(1, 8), 0, all_logits=True)
+    b = small.model.forward(tokens, 0, small.model.make_kv_cache(1, 8), 0, all_logits=True)
+    np.testing.assert_allclose(b, a, atol=0.05 * np.abs(a).max())
 
 
 # --- loads are serialised ----------------------------------------------------------

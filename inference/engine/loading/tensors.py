@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType
+from gguf.quants import quantize
 
 from kernels.backend import BLOCKS, Backend
 from kernels.weights import Weight
@@ -13,6 +14,8 @@ from kernels.weights import Weight
 from ..types import ModelLoadError
 from .gguf_file import GGUFFile
 from .weight_cache import WeightCache
+
+FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
 
 
 class TensorSource:
@@ -28,6 +31,7 @@ class TensorSource:
         backend: Backend,
         progress: Callable[[int, int], None] | None = None,
         cache: WeightCache | None = None,
+        quantize: bool = False,
     ):
         self.gf = gf
         self.backend = backend
@@ -37,6 +41,8 @@ class TensorSource:
         self.done = 0
         # Quantised types the backend has no kernel for, dequantised to float32 instead.
         self.fallback: dict[str, int] = {}
+        # Float matrices become Q8_0 blocks at load (the `quantize` load option).
+        self.quantize = quantize and backend.storage_for(GGMLQuantizationType.Q8_0) == BLOCKS
 
     def has(self, name: str) -> bool:
         return self.gf.has_tensor(name)
@@ -77,9 +83,12 @@ class TensorSource:
         for name in names:
             self._require(name)
         qtypes = [self.gf.tensor_type(n) for n in names]
+        cols = int(self.gf.tensors[names[0]].shape[0])  # GGUF ne[0] = in
+        if self.quantize and cols % 32 == 0 and set(qtypes) <= FLOAT_TYPES:
+            parts = [self._quantized(name, cols) for name in names]
+            return parts[0] if len(parts) == 1 else self.backend.stacked_weight(parts)
         if all(self.backend.storage_for(q) == BLOCKS for q in qtypes):
             # The file's bytes as they are (memory-mapped): loading is a map.
-            cols = int(self.gf.tensors[names[0]].shape[0])  # GGUF ne[0] = in
             parts = []
             for name, qtype in zip(names, qtypes, strict=True):
                 blocks = self.gf.load_blocks(name)
@@ -95,6 +104,12 @@ class TensorSource:
             "+".join(names), lambda: np.concatenate([self._read(n) for n in names]), len(names)
         )
         return self.backend.dense_weight(fused)
+
+    def _quantized(self, name: str, cols: int) -> Weight:
+        """A float matrix as Q8_0 blocks (a quarter of float32's bytes, near-lossless)."""
+        q8 = GGMLQuantizationType.Q8_0
+        blocks = self._prepared(f"{name}@Q8_0", lambda: quantize(self._read(name), q8), 1)
+        return self.backend.block_weight(np.asarray(blocks), q8, (len(blocks), cols))
 
     def fused_bias(self, names: list[str], weights: list[str]):
         """Biases matching `matrix(weights)`: zeros where one is absent, None when all are."""

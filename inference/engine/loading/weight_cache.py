@@ -96,7 +96,9 @@ class WeightCache:
             self.hits += 1
             return cached
         self.misses += 1
-        array = np.ascontiguousarray(build(), dtype=np.float32)
+        array = np.ascontiguousarray(build())
+        if array.dtype != np.uint8:  # block bytes stay bytes; values are cached as float32
+            array = array.astype(np.float32, copy=False)
         self._stage(name, array)
         return array
 

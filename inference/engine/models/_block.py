@@ -296,11 +296,17 @@ class DecoderModel:
 
 
 def load_decoder(
-    gf: GGUFFile, spec: ArchSpec, progress=None, cache=None, backend: Backend | None = None
+    gf: GGUFFile,
+    spec: ArchSpec,
+    progress=None,
+    cache=None,
+    backend: Backend | None = None,
+    quantize: bool = False,
 ) -> DecoderModel:
-    """Build a DecoderModel of `spec` from `gf` on `backend` (default: numpy)."""
+    """Build a DecoderModel of `spec` from `gf` on `backend` (default: the compiled CPU
+    kernels when built, else numpy); `quantize`: float matrices to Q8_0 at load."""
     if backend is None:
         from kernels import get_backend
 
         backend = get_backend()
-    return DecoderModel(gf, spec, TensorSource(gf, backend, progress, cache))
+    return DecoderModel(gf, spec, TensorSource(gf, backend, progress, cache, quantize))

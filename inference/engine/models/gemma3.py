@@ -26,5 +26,5 @@ SPEC = ArchSpec(
 )
 
 
-def load(gf, progress=None, cache=None, backend=None) -> DecoderModel:
-    return load_decoder(gf, SPEC, progress, cache, backend)
+def load(gf, progress=None, cache=None, backend=None, quantize=False) -> DecoderModel:
+    return load_decoder(gf, SPEC, progress, cache, backend, quantize)

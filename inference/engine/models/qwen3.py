@@ -8,5 +8,5 @@ from ._block import ArchSpec, DecoderModel, load_decoder
 SPEC = ArchSpec(neox_rope=True, activation="silu", qk_norm="required")
 
 
-def load(gf, progress=None, cache=None, backend=None) -> DecoderModel:
-    return load_decoder(gf, SPEC, progress, cache, backend)
+def load(gf, progress=None, cache=None, backend=None, quantize=False) -> DecoderModel:
+    return load_decoder(gf, SPEC, progress, cache, backend, quantize)

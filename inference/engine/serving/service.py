@@ -279,7 +279,7 @@ class ModelService:
                 backend = get_backend(config.backend)
             except ValueError as exc:
                 raise ModelLoadError(f"{config.name}: {exc}") from None
-            model = arch.load(gf, progress, cache, backend=backend)
+            model = arch.load(gf, progress, cache, backend=backend, quantize=config.quantize)
         svc = cls(config, gf, model, tokenizer, template)
         svc.load_seconds = round(time.perf_counter() - t0, 3)
         svc.weight_cache_used = cache is not None and cache.used
