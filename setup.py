@@ -18,12 +18,14 @@ CPU_SOURCES = [
     "kernels/cpu/linear.c",
     "kernels/cpu/ops.c",
     "kernels/cpu/pool.c",
+    "kernels/cpu/prefill.c",
 ]
 CPU_HEADERS = [
     "kernels/cpu/quants.h",
     "kernels/cpu/linear_simd.h",
     "kernels/cpu/ops.h",
     "kernels/cpu/pool.h",
+    "kernels/cpu/prefill.h",
 ]
 
 setup(

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ops.h"
+#include "prefill.h"
 #include "quants.h"
 
 #if defined(__linux__)
@@ -204,14 +205,15 @@ static PyObject *py_get_threads(PyObject *self, PyObject *args) {
     return PyLong_FromLong(g_threads);
 }
 
-static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
-    (void)self;
+/* linear and linear_prefill: the same arguments, checks and result; `prefill` picks the
+ * kernel (the decode one, or dequantised tiles for many rows of x). */
+static PyObject *linear_call(PyObject *args, PyObject *kw, int prefill) {
     static char *kwlist[] = {"qtype", "w", "x", "out", "col0", NULL};
     int qt;
     PyObject *ow, *ox, *oo;
     Py_ssize_t col0 = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOOO|n:linear", kwlist, &qt, &ow, &ox, &oo,
-                                     &col0))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, prefill ? "iOOO|n:linear_prefill" : "iOOO|n:linear",
+                                     kwlist, &qt, &ow, &ox, &oo, &col0))
         return NULL;
     Buf w = {0}, x = {0}, o = {0};
     if (get(ow, &w, "w", 2, ANY, 0) || get(ox, &x, "x", 2, F32, 0) ||
@@ -248,15 +250,22 @@ static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
         const uint8_t *wp = (const uint8_t *)w.v.buf;
         const float *xp = (const float *)x.v.buf;
         float *op = (float *)o.v.buf + col0;
+        int rc = 0;
         Py_BEGIN_ALLOW_THREADS;
         if (K == 0) {
             for (Py_ssize_t b = 0; b < B; b++)
                 for (Py_ssize_t r = 0; r < N; r++)
                     op[b * ldo + r] = 0.f;
+        } else if (prefill) {
+            rc = cpu_linear_prefill(isa, nt, qt, wp, (size_t)row_bytes, N, K, xp, B, op, ldo);
         } else {
             cpu_linear(isa, nt, qt, wp, (size_t)row_bytes, N, K, xp, B, op, ldo);
         }
         Py_END_ALLOW_THREADS;
+        if (rc != 0) {
+            PyErr_NoMemory();
+            goto fail;
+        }
     }
     release(&w);
     release(&x);
@@ -267,6 +276,16 @@ fail:
     release(&x);
     release(&o);
     return NULL;
+}
+
+static PyObject *py_linear(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    return linear_call(args, kw, 0);
+}
+
+static PyObject *py_linear_prefill(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    return linear_call(args, kw, 1);
 }
 
 static PyObject *py_dequantize(PyObject *self, PyObject *args, PyObject *kw) {
@@ -514,6 +533,12 @@ static PyMethodDef methods[] = {
      "w: (N, row_bytes) GGUF blocks (float32/uint16 values for F32/F16/BF16); x: (B, K)\n"
      "float32; out: (B, ldo) float32. Row (b, r) is bitwise independent of B, the other\n"
      "rows and the thread count."},
+    {"linear_prefill", (PyCFunction)(void (*)(void))py_linear_prefill,
+     METH_VARARGS | METH_KEYWORDS,
+     "linear_prefill(qtype, w, x, out, col0=0): linear's product, arguments and checks, for\n"
+     "many rows of x (a prompt chunk): tiles of w's rows dequantised into a cache-sized\n"
+     "buffer, then a blocked kernel over every row of x. Within float32 rounding of\n"
+     "linear's; the bits do not depend on the thread count, the other rows or (B > 4) B."},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      "dequantize(qtype, w, out): w (R, row_bytes) -> out (R, K) float32, bitwise as gguf."},
     {"attention_decode", (PyCFunction)(void (*)(void))py_attention_decode,

@@ -289,6 +289,98 @@ def test_empty_products_are_fine():
     assert (out == 0.0).all()
 
 
+# ---- linear_prefill: many rows of x (a prompt chunk) through dequantised tiles ----
+
+
+@pytest.mark.parametrize("name", sorted(QTYPES))
+def test_linear_prefill_is_the_float32_product(isa, name):
+    rng = np.random.default_rng(14)
+    qt = QTYPES[name]
+    for k in ks_for(name):
+        for t, n in [(1, 17), (5, 1), (17, 67), (130, 35)]:
+            w = make_weights(name, n, k, rng)
+            wf = oracle(name, w).astype(np.float64)
+            x = rng.standard_normal((t, k)).astype(np.float32)
+            out = np.full((t, n + 5), np.nan, dtype=np.float32)
+            _cpu.linear_prefill(qt, w, x, out, col0=3)
+            ref = x.astype(np.float64) @ wf.T
+            bound = 1e-5 * (np.abs(x.astype(np.float64)) @ np.abs(wf).T) + 1e-30
+            assert np.all(np.abs(out[:, 3 : 3 + n] - ref) <= bound), (isa, name, t, n, k)
+            assert np.isnan(out[:, :3]).all() and np.isnan(out[:, 3 + n :]).all()
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32"])
+def test_linear_prefill_bits_ignore_threads_chunk_and_neighbour_rows(isa, threads, name):
+    """An output's bits depend on its x row and W row only: not on the thread count (the
+    tiles differ), the other tokens of the chunk (T > 4) or which rows share its tile."""
+    rng = np.random.default_rng(15)
+    k = 768 if name in K_QUANTS else (45 if name in FLOAT_TYPES else 1536)
+    n = 203  # several tiles at any thread count, not a multiple of 4
+    w = make_weights(name, n, k, rng)
+    qt = QTYPES[name]
+    x = rng.standard_normal((130, k)).astype(np.float32)
+    results = []
+    for t in (1, 2, 3):
+        threads(t)
+        out = np.empty((130, n), dtype=np.float32)
+        _cpu.linear_prefill(qt, w, x, out)
+        results.append(out)
+    for out in results[1:]:
+        assert np.array_equal(out, results[0]), (isa, name)
+    full = results[0]
+    part = np.empty((7, n), dtype=np.float32)
+    _cpu.linear_prefill(qt, w, x[61:68], part)
+    assert np.array_equal(part, full[61:68])
+    some = np.empty((130, n - 9), dtype=np.float32)
+    _cpu.linear_prefill(qt, w[9:], x, some)
+    assert np.array_equal(some, full[:, 9:])
+
+
+def test_linear_prefill_rejects_what_linear_rejects():
+    rng = np.random.default_rng(16)
+    qt = QTYPES["Q4_1"]
+    w = make_weights("Q4_1", 8, 64, rng)
+    x = rng.standard_normal((9, 64)).astype(np.float32)
+    out = np.empty((9, 8), dtype=np.float32)
+    _cpu.linear_prefill(qt, w, x, out)  # the valid call
+    with pytest.raises(ValueError, match="bytes"):
+        _cpu.linear_prefill(qt, w[:, :39].copy(), x, out)
+    with pytest.raises(ValueError, match="K=96"):
+        _cpu.linear_prefill(qt, w, rng.standard_normal((9, 96)).astype(np.float32), out)
+    with pytest.raises(TypeError, match="float32"):
+        _cpu.linear_prefill(qt, w, x.astype(np.float64), out)
+    with pytest.raises(TypeError, match="float32"):
+        _cpu.linear_prefill(qt, w, x, out.astype(np.float16))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _cpu.linear_prefill(qt, w, np.asfortranarray(x), out)
+    with pytest.raises(ValueError, match="columns"):
+        _cpu.linear_prefill(qt, w, x, np.empty((9, 12), np.float32), col0=5)
+    with pytest.raises(ValueError, match="columns"):
+        _cpu.linear_prefill(qt, w, x, out, col0=-1)
+    with pytest.raises(ValueError, match="rows"):
+        _cpu.linear_prefill(qt, w, x, np.empty((8, 8), np.float32))
+    with pytest.raises(ValueError, match="share memory"):
+        _cpu.linear_prefill(qt, w, x, x)
+    readonly = np.empty((9, 8), np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        _cpu.linear_prefill(qt, w, x, readonly)
+    with pytest.raises(ValueError, match="2-D"):
+        _cpu.linear_prefill(qt, w.ravel(), x, out)
+    with pytest.raises(ValueError, match="no compiled kernel"):
+        _cpu.linear_prefill(16, w, x, out)
+    with pytest.raises(TypeError):
+        _cpu.linear_prefill(qt, "weights", x, out)
+    # Empty products: nothing written for N = 0, zeros for K = 0.
+    out = np.full((9, 4), 7.0, np.float32)
+    _cpu.linear_prefill(qt, np.zeros((0, 20), np.uint8), np.ones((9, 32), np.float32), out)
+    assert (out == 7.0).all()
+    _cpu.linear_prefill(
+        QTYPES["F32"], np.zeros((4, 0), np.float32), np.ones((9, 0), np.float32), out
+    )
+    assert (out == 0.0).all()
+
+
 # ---- decode ops: attention over the KV cache, RMS norm, RoPE ----
 
 
