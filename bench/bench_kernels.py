@@ -10,6 +10,11 @@ product reads (the quantised bytes for _cpu, the float32 bytes for numpy); `x nu
 the time ratio, numpy's time over _cpu's. Each figure is the best of --repeat timed
 loops (the machine is shared: the best loop is the least disturbed one).
 
+Prefill (`linear_prefill`, a prompt chunk of T = 256 tokens): GFLOP/s (2 T N K per
+product) on SmolLM2's 3072x576 (gate/up) and 576x1536 (down) Q4_1 matrices, 1 and 2
+threads, against numpy's float32 GEMM `x @ w_f32.T` (OpenBLAS sgemm) on the same shapes;
+`x numpy` is numpy's time over ours.
+
 Then one decode step's products of a real model (--model, default the shipped SmolLM2
 Q4_1 GGUF when installed): every 2-D weight of the file (the tied embedding as the output
 matrix) through `linear` at B = 1 and 8, the bound those products put on tokens/s.
@@ -29,6 +34,7 @@ from threadpoolctl import threadpool_limits
 from kernels import _cpu
 
 CASES = [("Q4_1", 1536, 576), ("Q8_0", 49152, 576)]
+PREFILL_CASES = [("Q4_1", 256, 3072, 576), ("Q4_1", 256, 576, 1536)]
 
 
 def shipped_model() -> str | None:
@@ -92,20 +98,55 @@ def best_time(fn, bytes_per_call: int, repeat: int) -> float:
     return best
 
 
+def prefill(isas: list[str], repeat: int, rng: np.random.Generator) -> None:
+    """linear_prefill GFLOP/s against numpy's float32 GEMM, same shapes, same run."""
+    print(f"\nprefill (linear_prefill){'':<10}{'numpy f32':>20}  ", end="")
+    print("  ".join(f"{isa:>26}" for isa in isas))
+    for name, t, n, k in PREFILL_CASES:
+        qtype = GGMLQuantizationType[name]
+        w = quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
+        w_f32 = quants.dequantize(w, qtype)
+        x = rng.standard_normal((t, k)).astype(np.float32)
+        out = np.empty((t, n), dtype=np.float32)
+        flops = 2.0 * t * n * k
+        for threads in (1, 2):
+            cells = []
+            for isa in isas:  # ours first (OpenBLAS's threads spin after its product)
+                _cpu.set_isa(isa)
+                _cpu.set_threads(threads)
+                sec = best_time(
+                    lambda x=x, out=out, q=int(qtype), w=w: _cpu.linear_prefill(q, w, x, out),
+                    int(flops / 50),  # ~0.8 GFLOP per timed loop
+                    repeat,
+                )
+                cells.append((sec, f"{sec * 1e3:7.2f} ms {flops / sec / 1e9:6.1f} GF/s"))
+            with threadpool_limits(threads):
+                t_np = best_time(lambda x=x, wf=w_f32: x @ wf.T, int(flops / 50), repeat)
+            text = [f"{c} x{t_np / sec:5.2f}" for sec, c in cells]
+            print(
+                f"{name} T={t} {n}x{k:<6}{threads:>4}  "
+                f"{t_np * 1e3:7.2f} ms {flops / t_np / 1e9:6.1f} GF/s  " + "  ".join(text)
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--isa", default=",".join(reversed(_cpu.supported_isas())))
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--model", default=shipped_model(), help="a GGUF for the decode-step part")
+    ap.add_argument(
+        "--part", choices=["all", "decode", "prefill"], default="all", help="what to measure"
+    )
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     before = (_cpu.isa(), _cpu.get_threads())
     print(f"kernels._cpu: best ISA {_cpu.supported_isas()[-1]}, {before[1]} usable cores")
-    print(f"{'matrix':<16}{'B':>3}{'thr':>4}  {'numpy f32':>18}  ", end="")
     isas = args.isa.split(",")
-    print("  ".join(f"{isa:>26}" for isa in isas))
+    if args.part in ("all", "decode"):
+        print(f"{'matrix':<16}{'B':>3}{'thr':>4}  {'numpy f32':>18}  ", end="")
+        print("  ".join(f"{isa:>26}" for isa in isas))
     try:
-        for name, n, k in CASES:
+        for name, n, k in CASES if args.part in ("all", "decode") else []:
             qtype = GGMLQuantizationType[name]
             w = quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
             w_f32 = quants.dequantize(w, qtype)
@@ -133,7 +174,9 @@ def main() -> None:
                         f"{t_np * 1e6:8.1f} us {w_f32.nbytes / t_np / 1e9:4.1f} GB/s  "
                         + "  ".join(cells)
                     )
-        if args.model:
+        if args.part in ("all", "prefill"):
+            prefill(isas, args.repeat, rng)
+        if args.model and args.part in ("all", "decode"):
             _cpu.set_isa(before[0])
             model_step(args.model, args.repeat)
     finally:

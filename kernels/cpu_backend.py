@@ -109,6 +109,14 @@ class CpuBackend(NumpyBackend):
         if x.shape[0] <= PREFILL_DIRECT_ROWS:
             return self.linear(x, w)
         x = np.ascontiguousarray(x, dtype=np.float32)
+        if hasattr(self.ext, "linear_prefill"):
+            # Compiled: tiles of weight rows dequantised into an L2-sized buffer per thread
+            # and multiplied by every token in C, on the kernels' own pool (no BLAS).
+            out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+            for col0, part in self._parts(w):
+                self.ext.linear_prefill(part.meta["kid"], part.data, x, out, col0)
+            return out
+        # An older build without it: dequantised tiles handed to BLAS.
         out_t = np.empty((w.shape[0], x.shape[0]), dtype=np.float32)  # (N, T): row tiles
         x_t = x.T
         for col0, part in self._parts(w):
