@@ -90,8 +90,8 @@ def test_peeking_at_a_loaded_file_uses_the_cached_header(tmp_path, monkeypatch):
     cache_dir = tmp_path / "cache"
     load(path, cache_dir).close()
     parsed = []
-    real_reader = gguf_file.GGUFReader
-    monkeypatch.setattr(gguf_file, "GGUFReader", lambda *a: parsed.append(a) or real_reader(*a))
+    real_read = gguf_file.read_header
+    monkeypatch.setattr(gguf_file, "read_header", lambda *a: parsed.append(a) or real_read(*a))
     peeked = peek_gguf(str(path), str(cache_dir))
     assert parsed == []  # no parse: the header came from the cache
     assert peeked.architecture == "llama" and peeked.quantization == "F32"

@@ -20,6 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileTy
 from gguf.quants import dequantize
 
 from ..types import ModelLoadError
+from .gguf_header import read_header
 
 log = logging.getLogger("pantheon.engine.gguf")
 
@@ -78,13 +79,13 @@ class GGUFFile:
         # vocabulary), which is what makes a cached load a map.
         self.offsets: dict[str, int] = {}
         if header is None:
-            self.reader  # noqa: B018  (parse now: a damaged file is refused at open)
-            self.metadata = self._read_metadata()
-            self.tensors = {
-                t.name: TensorInfo(t.tensor_type, tuple(int(n) for n in t.shape))
-                for t in self.reader.tensors
-            }
-            self.offsets = {t.name: int(t.data_offset) for t in self.reader.tensors}
+            # Parsed now, so a damaged file is refused at open.
+            try:
+                self.metadata, entries = read_header(self._file_map)
+            except (ValueError, OSError) as exc:  # HeaderError is a ValueError
+                raise NotAGGUFFile(f"not a readable GGUF file: {self.path}: {exc}") from exc
+            self.tensors = {n: TensorInfo(e.tensor_type, e.shape) for n, e in entries.items()}
+            self.offsets = {n: e.offset for n, e in entries.items()}
         else:
             self.metadata = header["metadata"]
             self.tensors = {}
@@ -103,18 +104,6 @@ class GGUFFile:
     @functools.cached_property
     def _reader_tensors(self) -> dict:
         return {t.name: t for t in self.reader.tensors}
-
-    def _read_metadata(self) -> dict[str, object]:
-        metadata: dict[str, object] = {}
-        for key, field in self.reader.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            try:
-                value = field.contents()
-            except Exception:  # exotic field types we never read
-                continue
-            metadata[key] = value
-        return metadata
 
     def header(self) -> dict:
         """Metadata and tensor index as JSON-able data (see `header=`)."""
