@@ -362,15 +362,16 @@ int cpu_linear_prefill(int isa, int nthreads, int qt, const uint8_t *w, size_t r
             memset(xpad + t * Kp + K, 0, (size_t)(Kp - K) * sizeof(float));
         }
     }
-    /* Rows per tile: what fits PF_TILE_FLOATS, a multiple of 4, in [4, PF_MAX_ROWS]; fewer
-     * when that leaves under 4 tiles per thread (load balance on a shared machine). */
+    /* Rows per tile: at most what fits PF_TILE_FLOATS (a multiple of 4, in [4,
+     * PF_MAX_ROWS]), then evened out so that the number of tiles is a multiple of the
+     * thread count (576 rows: 10 tiles of 60 rather than 9 of 64, which leave one thread
+     * a tile to run alone). Any split gives the same bits. */
     int64_t R = PF_TILE_FLOATS / Kp / 4 * 4;
     R = R < 4 ? 4 : R > PF_MAX_ROWS ? PF_MAX_ROWS : R;
     if (nthreads > 1) {
-        int64_t fair = (N + 4 * (int64_t)nthreads - 1) / (4 * (int64_t)nthreads);
-        fair = (fair + 3) & ~(int64_t)3;
-        if (fair < R)
-            R = fair < 8 ? 8 : fair;
+        int64_t tiles = (N + R - 1) / R;
+        tiles = (tiles + nthreads - 1) / nthreads * nthreads;
+        R = ((N + tiles - 1) / tiles + 3) & ~(int64_t)3;
     }
     prefill_job job = {deq, tile_for(isa), w, row_bytes, N, K, Kp, R, T, ldo,
                        xpad ? xpad : x, out, 0};
