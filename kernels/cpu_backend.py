@@ -4,12 +4,14 @@ on them (kernels/cpu/, built into the `kernels._cpu` extension).
 Decode (`linear`): one call into C per matrix; the kernel decodes each weight block once
 and multiplies it against every row of the batch, with float32 activations, so a row's
 arithmetic is the same whatever else is in the batch (and however many threads run).
-Prefill (`linear_prefill`): a tile of weight rows at a time is dequantised into a buffer
-that stays in cache and handed to BLAS, so the float32 copy of a matrix never exists.
+Prefill (`linear_prefill`): tiles of weight rows dequantised into an L2-sized buffer and
+multiplied by a blocked micro-kernel, on the same thread pool; attention (prefill and
+decode), RMSNorm and RoPE are compiled too. Nothing on this path calls BLAS, so no second
+pool of spinning threads competes for the cores (a build of the extension without some
+op falls back to the numpy reference's version of it).
 
 Types without a kernel fall back to the numpy reference's path (float32 at load); the
-model reports which (`CpuBackend.fallback_types`). Norms, RoPE and attention use the
-extension's kernels where it has them, else numpy's.
+model reports which (`DecoderModel.fallback_types`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,6 @@ from .backend import BLOCKS, DENSE
 from .numpy_backend import NumpyBackend
 from .weights import STACK, Weight
 
-# Weight bytes dequantised per BLAS call in prefill: a tile that stays in the L2 cache
-# while BLAS reads it (float32 values of this many bytes).
-PREFILL_TILE_BYTES = 512 << 10
 # Prompt chunks at most this long go through the decode kernel (no dequantised tile).
 PREFILL_DIRECT_ROWS = 4
 
@@ -55,7 +54,10 @@ class CpuBackend(NumpyBackend):
         self.qtypes: dict[str, int] = dict(self.ext.QTYPES)
         self.isa = self.ext.isa()
         self.ext.set_threads(threads.configured())
-        self._has = {op: hasattr(self.ext, op) for op in ("attention_decode", "rms_norm", "rope")}
+        self._has = {
+            op: hasattr(self.ext, op)
+            for op in ("attention_decode", "attention_prefill", "rms_norm", "rope")
+        }
 
     # ---- weights ----
 
@@ -72,8 +74,7 @@ class CpuBackend(NumpyBackend):
             return self.dense_weight(np.ascontiguousarray(blocks).view(np.float32))
         blocks = np.ascontiguousarray(blocks)
         kid = self.qtypes[qtype.name]
-        tile = max(16, PREFILL_TILE_BYTES // (k * 4) // 16 * 16)
-        return Weight(qtype.name, (n, k), blocks, {"qtype": qtype, "kid": kid, "tile": tile})
+        return Weight(qtype.name, (n, k), blocks, {"qtype": qtype, "kid": kid})
 
     def stacked_weight(self, parts: list[Weight]) -> Weight:
         """Matrices stacked along `out` (q/k/v, gate/up; of one block type or of several,
@@ -108,28 +109,13 @@ class CpuBackend(NumpyBackend):
     def linear_prefill(self, x: np.ndarray, w: Weight) -> np.ndarray:
         if x.shape[0] <= PREFILL_DIRECT_ROWS:
             return self.linear(x, w)
+        # Tiles of weight rows dequantised into an L2-sized buffer per thread and
+        # multiplied by every token in C, on the kernels' own pool (no BLAS).
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if hasattr(self.ext, "linear_prefill"):
-            # Compiled: tiles of weight rows dequantised into an L2-sized buffer per thread
-            # and multiplied by every token in C, on the kernels' own pool (no BLAS).
-            out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-            for col0, part in self._parts(w):
-                self.ext.linear_prefill(part.meta["kid"], part.data, x, out, col0)
-            return out
-        # An older build without it: dequantised tiles handed to BLAS.
-        out_t = np.empty((w.shape[0], x.shape[0]), dtype=np.float32)  # (N, T): row tiles
-        x_t = x.T
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
         for col0, part in self._parts(w):
-            if part.storage == "f32":
-                np.matmul(part.data, x_t, out=out_t[col0 : col0 + part.shape[0]])
-                continue
-            tile = part.meta["tile"]
-            buf = np.empty((min(tile, part.shape[0]), part.shape[1]), dtype=np.float32)
-            for r0 in range(0, part.shape[0], tile):
-                r1 = min(part.shape[0], r0 + tile)
-                self.ext.dequantize(part.meta["kid"], part.data[r0:r1], buf[: r1 - r0])
-                np.matmul(buf[: r1 - r0], x_t, out=out_t[col0 + r0 : col0 + r1])
-        return np.ascontiguousarray(out_t.T)
+            self.ext.linear_prefill(part.meta["kid"], part.data, x, out, col0)
+        return out
 
     # ---- small ops: compiled where the extension has them ----
 
@@ -148,6 +134,30 @@ class CpuBackend(NumpyBackend):
         out = np.array(x, dtype=np.float32, order="C")  # rotated in place: a fresh copy
         pos = np.ascontiguousarray(positions, dtype=np.int64)
         self.ext.rope(out, pos, table.cos, table.sin, bool(neox))
+        return out
+
+    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
+        if not self._has["attention_prefill"]:
+            return super().attention_prefill(
+                q, k, v, kv, layer, slot, start, scale, window, softcap
+            )
+        T, H, Dh = q.shape
+        out = np.empty((T, H * Dh), dtype=np.float32)
+        self.ext.attention_prefill(
+            np.ascontiguousarray(q, dtype=np.float32),
+            np.ascontiguousarray(k, dtype=np.float32),
+            np.ascontiguousarray(v, dtype=np.float32),
+            kv.k,
+            kv.v,
+            int(layer),
+            int(slot),
+            int(start),
+            float(scale),
+            int(window),
+            float(softcap),
+            out,
+        )
+        kv.note_written([int(slot)], [int(start) + T])
         return out
 
     def attention_decode(

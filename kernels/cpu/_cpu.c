@@ -337,6 +337,92 @@ static int same_shape(const Buf *b, int ndim, const Py_ssize_t *want) {
     return 1;
 }
 
+/* attention_prefill(q, k, v, kcache, vcache, layer, slot, start, scale, window, softcap,
+ * out): a prompt chunk of one sequence, T rows at positions start .. start + T - 1 of
+ * `slot`. Every row's k/v is written first, then row t attends causally over positions
+ * 0 .. start + t: exactly the decode kernel with the one slot repeated, so a prompt
+ * token's attention is computed as it would be decoded. */
+static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"q",     "k",     "v",      "kcache",  "vcache", "layer",
+                             "slot",  "start", "scale",  "window",  "softcap", "out", NULL};
+    PyObject *oq, *ok, *ov, *okc, *ovc, *oo;
+    Py_ssize_t layer, slot, start, window;
+    double scale, softcap;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOnnndndO:attention_prefill", kwlist, &oq,
+                                     &ok, &ov, &okc, &ovc, &layer, &slot, &start, &scale,
+                                     &window, &softcap, &oo))
+        return NULL;
+    Buf q = {0}, k = {0}, v = {0}, kc = {0}, vc = {0}, o = {0};
+    PyObject *ret = NULL;
+    int64_t *slots = NULL, *pos = NULL;
+    if (get(oq, &q, "q", 3, F32, 0) || get(ok, &k, "k", 3, F32, 0) ||
+        get(ov, &v, "v", 3, F32, 0) || get(okc, &kc, "kcache", 5, F32, 1) ||
+        get(ovc, &vc, "vcache", 5, F32, 1) || get(oo, &o, "out", 2, F32, 1))
+        goto done;
+    const Py_ssize_t T = dim(&q, 0), H = dim(&q, 1), Dh = dim(&q, 2);
+    const Py_ssize_t n_layer = dim(&kc, 0), n_slots = dim(&kc, 1), Hkv = dim(&kc, 2);
+    const Py_ssize_t n_ctx = dim(&kc, 3);
+    const Py_ssize_t kv_shape[3] = {T, Hkv, Dh}, o_shape[2] = {T, H * Dh};
+    if (Hkv < 1 || H % Hkv != 0 || dim(&kc, 4) != Dh || !same_shape(&vc, 5, kc.v.shape) ||
+        kc.v.buf == vc.v.buf) {
+        PyErr_SetString(PyExc_ValueError,
+                        "kcache and vcache must be two (n_layer, n_slots, Hkv, n_ctx, Dh) "
+                        "arrays with Hkv dividing q's heads and q's Dh");
+        goto done;
+    }
+    if (!same_shape(&k, 3, kv_shape) || !same_shape(&v, 3, kv_shape) ||
+        !same_shape(&o, 2, o_shape)) {
+        PyErr_Format(PyExc_ValueError,
+                     "k and v must be (T, Hkv, Dh) = (%zd, %zd, %zd), out (T, H * Dh)", T, Hkv,
+                     Dh);
+        goto done;
+    }
+    if (layer < 0 || layer >= n_layer || slot < 0 || slot >= n_slots || start < 0 ||
+        start + T > n_ctx) {
+        PyErr_Format(PyExc_ValueError,
+                     "layer %zd, slot %zd or positions %zd..%zd out of range (n_layer=%zd, "
+                     "n_slots=%zd, n_ctx=%zd)",
+                     layer, slot, start, start + T, n_layer, n_slots, n_ctx);
+        goto done;
+    }
+    if (!(scale == scale) || !(softcap >= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "scale must be a number and softcap >= 0");
+        goto done;
+    }
+    slots = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
+    pos = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
+    if (slots == NULL || pos == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < T; t++) {
+        slots[t] = slot;
+        pos[t] = start + t;
+    }
+    {
+        const int nt = g_threads;
+        Py_BEGIN_ALLOW_THREADS;
+        cpu_attention_decode(nt, (const float *)q.v.buf, (const float *)k.v.buf,
+                             (const float *)v.v.buf, (float *)kc.v.buf, (float *)vc.v.buf,
+                             n_slots, n_ctx, layer, slots, pos, T, H, Hkv, Dh, (float)scale,
+                             window, (float)softcap, (float *)o.v.buf);
+        Py_END_ALLOW_THREADS;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    free(slots);
+    free(pos);
+    release(&q);
+    release(&k);
+    release(&v);
+    release(&kc);
+    release(&vc);
+    release(&o);
+    return ret;
+}
+
 static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"q",         "k",    "v",      "kcache",  "vcache", "layer",
@@ -541,6 +627,10 @@ static PyMethodDef methods[] = {
      "linear's; the bits do not depend on the thread count, the other rows or (B > 4) B."},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      "dequantize(qtype, w, out): w (R, row_bytes) -> out (R, K) float32, bitwise as gguf."},
+    {"attention_prefill", (PyCFunction)(void (*)(void))py_attention_prefill,
+     METH_VARARGS | METH_KEYWORDS,
+     "attention_prefill(q, k, v, kcache, vcache, layer, slot, start, scale, window, softcap, "
+     "out): one sequence's prompt chunk, causal, written into the KV cache first."},
     {"attention_decode", (PyCFunction)(void (*)(void))py_attention_decode,
      METH_VARARGS | METH_KEYWORDS,
      "attention_decode(q, k, v, kcache, vcache, layer, slots, positions, scale, window,\n"

@@ -96,6 +96,23 @@ def test_short_prompt_chunks_use_the_decode_kernel_with_the_same_result(smollm2_
     np.testing.assert_allclose(tiled, direct, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 30.0)])
+def test_prefill_attention_matches_the_numpy_reference(cpu, window, softcap):
+    from kernels.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(2)
+    H, Hkv, Dh, start, T = 8, 2, 64, 9, 13
+    q, k, v = (rng.standard_normal((T, h, Dh)).astype(np.float32) for h in (H, Hkv, Hkv))
+    cached_k, cached_v = rng.standard_normal((2, Hkv, start, Dh)).astype(np.float32)
+    outs = []
+    for be in (cpu, NumpyBackend()):
+        kv = be.make_kv_cache(2, 3, Hkv, 32, Dh)
+        kv.k[1, 2, :, :start], kv.v[1, 2, :, :start] = cached_k, cached_v
+        outs.append(be.attention_prefill(q, k, v, kv, 1, 2, start, 0.125, window, softcap))
+        assert kv._high_water[2] == start + T
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
 def test_smollm2_decodes_a_batch_bitwise_as_alone(smollm2_pair):
     _, compiled, _ = smollm2_pair
     check_batch_invariance(compiled, 49152, [5, 9, 3, 12, 7, 1, 10, 6])
