@@ -53,7 +53,7 @@ class CpuBackend(NumpyBackend):
             )
         self.qtypes: dict[str, int] = dict(self.ext.QTYPES)
         self.isa = self.ext.isa()
-        self.ext.set_threads(threads.configured())
+        self.ext.set_threads(threads.kernel_threads())
         self._has = {
             op: hasattr(self.ext, op)
             for op in ("attention_decode", "attention_prefill", "rms_norm", "rope")

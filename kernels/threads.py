@@ -64,19 +64,32 @@ def configure(threads: int = 0) -> int:
         except Exception:  # no threadpoolctl or an unknown BLAS: say so, keep serving
             log.warning("BLAS threads could not be limited to %d", n, exc_info=True)
         _state["threads"] = n
-    log.info("engine CPU threads: BLAS limited to %d (of %d usable cores)", n, usable_cores())
-    _set_kernel_threads(n)
+    # The compiled kernels' pool hands out work from a counter, so a thread whose core a
+    # neighbour holds delays nothing (kernels/cpu/pool.h): by default it takes every core.
+    kernel_n = threads if threads > 0 else usable_cores()
+    _state["kernel_threads"] = kernel_n
+    _set_kernel_threads(kernel_n)
+    log.info(
+        "engine CPU threads: compiled kernels %d, BLAS limited to %d (of %d usable cores)",
+        kernel_n,
+        n,
+        usable_cores(),
+    )
     return n
 
 
 def configured() -> int:
-    """The thread count `configure` set (default_threads() before any call)."""
+    """The BLAS thread count `configure` set (default_threads() before any call)."""
     return _state["threads"] or default_threads()
 
 
+def kernel_threads() -> int:
+    """The compiled kernels' pool size `configure` set (every usable core by default)."""
+    return _state.get("kernel_threads") or usable_cores()
+
+
 def _set_kernel_threads(n: int) -> None:
-    """The compiled kernels' pool (kernels._cpu, when built) is the same size: the engine
-    owns one pool's worth of cores, whichever library runs on them."""
+    """Size the compiled kernels' pool (kernels._cpu, when built)."""
     try:
         from . import _cpu
     except ImportError:

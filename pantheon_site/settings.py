@@ -18,8 +18,9 @@ PANTHEON_NO_THINK      think-style templates: a request without enable_thinking 
 PANTHEON_MAX_LOADED_MODELS  models loaded at once; one more evicts the least recently used (4)
 PANTHEON_MEMORY_RESERVE_MB  memory a load must leave free, on top of its estimate (256)
 PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
-PANTHEON_THREADS       BLAS threads of the engine, one pool for every loaded model
-                       (0: the usable cores but one; kernels/threads.py)
+PANTHEON_THREADS       threads of the engine, one pool for every loaded model (0: the
+                       compiled kernels every usable core, BLAS all but one;
+                       kernels/threads.py)
 PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they were
                        built, else numpy), cpu, or numpy (the float32 reference)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
@@ -250,7 +251,7 @@ PANTHEON_MEMORY_RESERVE_BYTES = env_int("PANTHEON_MEMORY_RESERVE_MB", 256) * 2**
 # An unload waits this long for in-flight generations, then lets them finish in the
 # background (a generation is never cut off) and answers with "drained": false.
 PANTHEON_UNLOAD_TIMEOUT = float(env_int("PANTHEON_UNLOAD_TIMEOUT", 120))
-PANTHEON_THREADS = env_int("PANTHEON_THREADS", 0)  # BLAS threads (0: kernels.threads default)
+PANTHEON_THREADS = env_int("PANTHEON_THREADS", 0)  # engine threads (0: kernels.threads defaults)
 
 
 LOGGING = {

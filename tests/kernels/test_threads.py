@@ -84,3 +84,17 @@ def test_trim_returns_whether_it_trimmed_and_is_rate_limited(monkeypatch):
 def test_trim_without_glibc_does_nothing(monkeypatch):
     monkeypatch.setattr(threads, "_libc", lambda: None)
     assert threads.trim() is False and threads.trim(force=True) is False
+
+
+def test_the_compiled_pool_takes_every_core_by_default_and_the_setting_otherwise(
+    blas_restored, monkeypatch
+):
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    assert threads.configure(0) == 1  # BLAS: every core but one
+    assert threads.kernel_threads() == 2  # the pool: every core
+    assert threads.configure(1) == 1 and threads.kernel_threads() == 1  # a number sets both
+    try:
+        from kernels import _cpu
+    except ImportError:
+        return
+    assert _cpu.get_threads() == 1
