@@ -52,22 +52,23 @@ def configure(threads: int = 0) -> int:
     """Limit BLAS to `threads` (0: default_threads()) and cap malloc arenas; returns the
     thread count. Idempotent; a later call with another count changes the limit."""
     n = threads if threads > 0 else default_threads()
-    with _lock:
-        if _state["threads"] == n:
-            return n
-        _cap_arenas()
-        try:
-            from threadpoolctl import threadpool_limits
-
-            # Not as a context manager: the limit holds for the process from now on.
-            _state["limiter"] = threadpool_limits(limits=n, user_api="blas")
-        except Exception:  # no threadpoolctl or an unknown BLAS: say so, keep serving
-            log.warning("BLAS threads could not be limited to %d", n, exc_info=True)
-        _state["threads"] = n
     # The compiled kernels' pool hands out work from a counter, so a thread whose core a
     # neighbour holds delays nothing (kernels/cpu/pool.h): by default it takes every core.
     kernel_n = threads if threads > 0 else usable_cores()
-    _state["kernel_threads"] = kernel_n
+    with _lock:
+        if _state["threads"] == n and _state.get("kernel_threads") == kernel_n:
+            return n
+        if _state["threads"] != n:
+            _cap_arenas()
+            try:
+                from threadpoolctl import threadpool_limits
+
+                # Not as a context manager: the limit holds for the process from now on.
+                _state["limiter"] = threadpool_limits(limits=n, user_api="blas")
+            except Exception:  # no threadpoolctl or an unknown BLAS: say so, keep serving
+                log.warning("BLAS threads could not be limited to %d", n, exc_info=True)
+            _state["threads"] = n
+        _state["kernel_threads"] = kernel_n
     _set_kernel_threads(kernel_n)
     log.info(
         "engine CPU threads: compiled kernels %d, BLAS limited to %d (of %d usable cores)",
