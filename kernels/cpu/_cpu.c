@@ -340,8 +340,9 @@ static int same_shape(const Buf *b, int ndim, const Py_ssize_t *want) {
 /* attention_prefill(q, k, v, kcache, vcache, layer, slot, start, scale, window, softcap,
  * out): a prompt chunk of one sequence, T rows at positions start .. start + T - 1 of
  * `slot`. Every row's k/v is written first, then row t attends causally over positions
- * 0 .. start + t: exactly the decode kernel with the one slot repeated, so a prompt
- * token's attention is computed as it would be decoded. */
+ * 0 .. start + t (the last `window` of them with a window): cpu_attention_prefill, one job
+ * per (KV head, block of rows) that reads each key and value once. MemoryError when a
+ * job's scratch cannot be allocated. */
 static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"q",     "k",     "v",      "kcache",  "vcache", "layer",
@@ -355,7 +356,6 @@ static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *
         return NULL;
     Buf q = {0}, k = {0}, v = {0}, kc = {0}, vc = {0}, o = {0};
     PyObject *ret = NULL;
-    int64_t *slots = NULL, *pos = NULL;
     if (get(oq, &q, "q", 3, F32, 0) || get(ok, &k, "k", 3, F32, 0) ||
         get(ov, &v, "v", 3, F32, 0) || get(okc, &kc, "kcache", 5, F32, 1) ||
         get(ovc, &vc, "vcache", 5, F32, 1) || get(oo, &o, "out", 2, F32, 1))
@@ -390,30 +390,23 @@ static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *
         PyErr_SetString(PyExc_ValueError, "scale must be a number and softcap >= 0");
         goto done;
     }
-    slots = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
-    pos = malloc((size_t)(T > 0 ? T : 1) * sizeof(int64_t));
-    if (slots == NULL || pos == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t t = 0; t < T; t++) {
-        slots[t] = slot;
-        pos[t] = start + t;
-    }
     {
         const int nt = g_threads;
+        int rc;
         Py_BEGIN_ALLOW_THREADS;
-        cpu_attention_decode(nt, (const float *)q.v.buf, (const float *)k.v.buf,
-                             (const float *)v.v.buf, (float *)kc.v.buf, (float *)vc.v.buf,
-                             n_slots, n_ctx, layer, slots, pos, T, H, Hkv, Dh, (float)scale,
-                             window, (float)softcap, (float *)o.v.buf);
+        rc = cpu_attention_prefill(nt, (const float *)q.v.buf, (const float *)k.v.buf,
+                                   (const float *)v.v.buf, (float *)kc.v.buf, (float *)vc.v.buf,
+                                   n_slots, n_ctx, layer, slot, start, T, H, Hkv, Dh,
+                                   (float)scale, window, (float)softcap, (float *)o.v.buf);
         Py_END_ALLOW_THREADS;
+        if (rc != 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
     ret = Py_None;
     Py_INCREF(ret);
 done:
-    free(slots);
-    free(pos);
     release(&q);
     release(&k);
     release(&v);

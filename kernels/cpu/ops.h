@@ -14,6 +14,17 @@ void cpu_attention_decode(int nthreads, const float *q, const float *k, const fl
                           int64_t B, int64_t H, int64_t Hkv, int64_t Dh, float scale,
                           int64_t window, float softcap, float *out);
 
+/* One sequence's prompt chunk: q (T, H, Dh), k/v (T, Hkv, Dh) at positions start ..
+ * start + T - 1 of `slot`, written into the caches first; row t attends causally over
+ * positions lo .. start + t (lo = start + t + 1 - window with a window, else 0). Blocked:
+ * one job per (KV head, block of rows) reads each key and value once. Returns 0, or -1
+ * when a job's scratch could not be allocated (the output is then incomplete). */
+int cpu_attention_prefill(int nthreads, const float *q, const float *k, const float *v,
+                          float *kcache, float *vcache, int64_t n_slots, int64_t n_ctx,
+                          int64_t layer, int64_t slot, int64_t start, int64_t T, int64_t H,
+                          int64_t Hkv, int64_t Dh, float scale, int64_t window, float softcap,
+                          float *out);
+
 void cpu_rms_norm(int nthreads, const float *x, const float *w, float eps, int64_t n, int64_t D,
                   float *out);
 

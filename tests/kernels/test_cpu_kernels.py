@@ -481,6 +481,88 @@ def test_attention_decode_rejects_bad_inputs():
         call(kcache=ro)
 
 
+def _prefill_case(H, Hkv, Dh, T, start, window, softcap, n_ctx=None, seed=0):
+    """attention_prefill of one chunk against the numpy backend, from the same history."""
+    from kernels.kv_cache import KVCache
+    from kernels.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(seed)
+    n_ctx = n_ctx or start + T + 3
+    q = rng.standard_normal((T, H, Dh)).astype(np.float32)
+    k, v = (rng.standard_normal((T, Hkv, Dh)).astype(np.float32) for _ in range(2))
+    history = rng.standard_normal((2, Hkv, start, Dh)).astype(np.float32)
+    caches = []
+    for _ in range(2):
+        kv = KVCache(2, 3, Hkv, n_ctx, Dh)
+        kv.k[1, 2, :, :start], kv.v[1, 2, :, :start] = history
+        caches.append(kv)
+    scale = 1.0 / np.sqrt(Dh)
+    ref = NumpyBackend().attention_prefill(q, k, v, caches[0], 1, 2, start, scale, window, softcap)
+    out = np.full((T, H * Dh), np.nan, dtype=np.float32)
+    args = (q, k, v, caches[1].k, caches[1].v, 1, 2, start, scale, window, softcap, out)
+    _cpu.attention_prefill(*args)
+    return ref, out, caches, args
+
+
+# Dh 64: the AVX-512 tiles where the CPU has them; Dh 48 (and any CPU without AVX-512):
+# the portable loops.
+@pytest.mark.parametrize("H,Hkv", [(9, 3), (8, 2), (4, 4)])
+@pytest.mark.parametrize("Dh", [64, 48])
+def test_attention_prefill_matches_the_numpy_backend(H, Hkv, Dh):
+    for T in (1, 13, 70):
+        for start in (0, 1900):
+            for window in (0, 5, 512):
+                for softcap in (0.0, 30.0):
+                    case = (T, start, window, softcap)
+                    ref, out, (kv_ref, kv), _ = _prefill_case(H, Hkv, Dh, *case, seed=T + start)
+                    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5, err_msg=str(case))
+                    assert np.array_equal(kv.k, kv_ref.k) and np.array_equal(kv.v, kv_ref.v)
+
+
+@pytest.mark.parametrize("Dh", [64, 48])
+def test_attention_prefill_row_bits_ignore_threads_and_chunking(threads, Dh):
+    """A query row's result is the same bits on any thread count and in any chunk split
+    (the blocks of rows a job takes change with both)."""
+    H, Hkv, T, start, window = 9, 3, 70, 300, 120
+    _, whole, _, args = _prefill_case(H, Hkv, Dh, T, start, window, 0.0, seed=4)
+    q, k, v, kc, vc, layer, slot, _, scale, _, softcap, _ = args
+    for t in (1, 2, 3):
+        threads(t)
+        for cut in (1, 17, 40):
+            out = np.empty_like(whole)
+            for lo, hi in ((0, cut), (cut, T)):
+                _cpu.attention_prefill(
+                    q[lo:hi], k[lo:hi], v[lo:hi], kc, vc, layer, slot, start + lo, scale,
+                    window, softcap, out[lo:hi],
+                )  # fmt: skip
+            assert np.array_equal(out, whole), (t, cut)
+
+
+def test_attention_prefill_out_of_memory_raises_memory_error():
+    """A job's scratch that cannot be allocated is a MemoryError, not a crash (a child
+    process under an address-space limit the caches fit in and the scratch does not)."""
+    code = """
+import resource, numpy as np
+from kernels import _cpu
+_cpu.set_threads(1)
+n_ctx, Dh, H, T = 200_000, 16, 48, 4
+kc, vc = (np.zeros((1, 1, 1, n_ctx, Dh), np.float32) for _ in range(2))
+q = np.ones((T, H, Dh), np.float32)
+k = v = np.ones((T, 1, Dh), np.float32)
+out = np.empty((T, H * Dh), np.float32)
+_cpu.attention_prefill(q, k, v, kc, vc, 0, 0, 10, 0.25, 0, 0.0, out)  # small: fine
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1])
+resource.setrlimit(resource.RLIMIT_AS, ((vm + 16 * 1024) * 1024,) * 2)
+try:
+    _cpu.attention_prefill(q, k, v, kc, vc, 0, 0, n_ctx - T, 0.25, 0, 0.0, out)
+except MemoryError:
+    print("MemoryError")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "MemoryError"
+
+
 def test_rms_norm_matches_numpy():
     from kernels.numpy_backend import rms_norm
 
