@@ -41,7 +41,18 @@ pytestmark = pytest.mark.timeout(600)
 def server(tmp_path_factory, smollm2_path):
     data_dir = tmp_path_factory.mktemp("pantheon-data")
     with running_server(data_dir, {MODEL: smollm2_path}, PANTHEON_MAX_CONCURRENT="4") as srv:
+        srv.never_end = _ban_turn_ends(smollm2_path)
         yield srv
+
+
+def _ban_turn_ends(path) -> dict[str, float]:
+    """logit_bias that keeps the watched stream from ending its turn early: it must still
+    be running when the hostile request arrives, however fast the engine decodes."""
+    from inference.engine.loading.gguf_file import GGUFFile
+    from inference.engine.text.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
+    return {str(i): -100.0 for i in tokenizer.end_of_turn_ids}
 
 
 class Watch:
@@ -72,7 +83,13 @@ class Watch:
             thread.join(60)
 
     def _stream(self) -> None:
-        body = {"messages": COUNT, "max_tokens": 2000, "temperature": 0, "stream": True}
+        body = {
+            "messages": COUNT,
+            "max_tokens": 2000,
+            "temperature": 0,
+            "stream": True,
+            "logit_bias": getattr(self.server, "never_end", {}),
+        }
         with httpx.stream(
             "POST", self.server.url + "/v1/chat/completions", json=body, timeout=300
         ) as r:

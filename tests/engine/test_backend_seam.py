@@ -96,7 +96,7 @@ def test_a_model_kept_in_blocks_computes_what_the_dense_one_does(tmp_path, monke
         n_kv_head=2, d_ff=512, n_layer=1,
     )  # fmt: skip
     gf = GGUFFile(path)
-    dense = architecture_module("llama").load(gf)
+    dense = architecture_module("llama").load(gf, backend=NumpyBackend())
     blocks = architecture_module("llama").load(gf, backend=BlocksBackend())
     assert blocks.layers[0].attn_qkv.storage == "Q4_K"
     assert blocks.weight_bytes < dense.weight_bytes / 4  # the file's bytes, not float32
