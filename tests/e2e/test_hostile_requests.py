@@ -40,7 +40,12 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_path):
     data_dir = tmp_path_factory.mktemp("pantheon-data")
-    with running_server(data_dir, {MODEL: smollm2_path}, PANTHEON_MAX_CONCURRENT="4") as srv:
+    # Small prefill chunks: a newcomer's prompt is prefilled between the watched stream's
+    # decode steps, and a 256-token chunk alone takes ~0.2-0.5 s here. With 32-token
+    # chunks what the 100 ms bound sees is a freeze, not the scheduler's normal turn-taking.
+    with running_server(
+        data_dir, {MODEL: smollm2_path}, PANTHEON_MAX_CONCURRENT="4", PANTHEON_PREFILL_CHUNK="32"
+    ) as srv:
         srv.never_end = _ban_turn_ends(smollm2_path)
         yield srv
 
