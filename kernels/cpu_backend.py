@@ -7,8 +7,7 @@ arithmetic is the same whatever else is in the batch (and however many threads r
 Prefill (`linear_prefill`): tiles of weight rows dequantised into an L2-sized buffer and
 multiplied by a blocked micro-kernel, on the same thread pool; attention (prefill and
 decode), RMSNorm and RoPE are compiled too. Nothing on this path calls BLAS, so no second
-pool of spinning threads competes for the cores (a build of the extension without some
-op falls back to the numpy reference's version of it).
+pool of spinning threads competes for the cores.
 
 Types without a kernel fall back to the numpy reference's path (float32 at load); the
 model reports which (`DecoderModel.fallback_types`).
@@ -54,10 +53,6 @@ class CpuBackend(NumpyBackend):
         self.qtypes: dict[str, int] = dict(self.ext.QTYPES)
         self.isa = self.ext.isa()
         self.ext.set_threads(threads.kernel_threads())
-        self._has = {
-            op: hasattr(self.ext, op)
-            for op in ("attention_decode", "attention_prefill", "rms_norm", "rope")
-        }
 
     # ---- weights ----
 
@@ -117,11 +112,9 @@ class CpuBackend(NumpyBackend):
             self.ext.linear_prefill(part.meta["kid"], part.data, x, out, col0)
         return out
 
-    # ---- small ops: compiled where the extension has them ----
+    # ---- small ops and attention, compiled ----
 
     def rms_norm(self, x, weight, eps):
-        if not self._has["rms_norm"]:
-            return super().rms_norm(x, weight, eps)
         shape = x.shape
         x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, shape[-1])
         out = np.empty_like(x2)
@@ -129,61 +122,38 @@ class CpuBackend(NumpyBackend):
         return out.reshape(shape)
 
     def rope(self, x, positions, table, neox: bool):
-        if not self._has["rope"]:
-            return super().rope(x, positions, table, neox)
         out = np.array(x, dtype=np.float32, order="C")  # rotated in place: a fresh copy
         pos = np.ascontiguousarray(positions, dtype=np.int64)
         self.ext.rope(out, pos, table.cos, table.sin, bool(neox))
         return out
 
-    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
-        if not self._has["attention_prefill"]:
-            return super().attention_prefill(
-                q, k, v, kv, layer, slot, start, scale, window, softcap
-            )
-        T, H, Dh = q.shape
-        out = np.empty((T, H * Dh), dtype=np.float32)
-        self.ext.attention_prefill(
-            np.ascontiguousarray(q, dtype=np.float32),
-            np.ascontiguousarray(k, dtype=np.float32),
-            np.ascontiguousarray(v, dtype=np.float32),
-            kv.k,
-            kv.v,
-            int(layer),
-            int(slot),
-            int(start),
-            float(scale),
-            int(window),
-            float(softcap),
-            out,
+    def _attend(self, kernel, q, k, v, kv, layer, where, scale, window, softcap):
+        """Run a compiled attention kernel (it writes k, v into the cache first)."""
+        n, H, Dh = q.shape
+        out = np.empty((n, H * Dh), dtype=np.float32)
+        q, k, v = (np.ascontiguousarray(a, dtype=np.float32) for a in (q, k, v))
+        kernel(
+            q, k, v, kv.k, kv.v, int(layer), *where, float(scale), int(window), float(softcap), out
         )
-        kv.note_written([int(slot)], [int(start) + T])
+        return out
+
+    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
+        where = (int(slot), int(start))
+        out = self._attend(
+            self.ext.attention_prefill, q, k, v, kv, layer, where, scale, window, softcap
+        )
+        kv.note_written([int(slot)], [int(start) + q.shape[0]])
         return out
 
     def attention_decode(
         self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
     ):
-        if not self._has["attention_decode"]:
-            return super().attention_decode(
-                q, k, v, kv, layer, slots, positions, scale, window, softcap
-            )
-        B, H, Dh = q.shape
-        slots_a = np.ascontiguousarray(slots, dtype=np.int64)
-        pos = np.ascontiguousarray(positions, dtype=np.int64)
-        out = np.empty((B, H * Dh), dtype=np.float32)
-        self.ext.attention_decode(
-            np.ascontiguousarray(q, dtype=np.float32),
-            np.ascontiguousarray(k, dtype=np.float32),
-            np.ascontiguousarray(v, dtype=np.float32),
-            kv.k,
-            kv.v,
-            int(layer),
-            slots_a,
-            pos,
-            float(scale),
-            int(window),
-            float(softcap),
-            out,
+        where = (
+            np.ascontiguousarray(slots, dtype=np.int64),
+            np.ascontiguousarray(positions, dtype=np.int64),
         )
-        kv.note_written(slots_a, pos + 1)
+        out = self._attend(
+            self.ext.attention_decode, q, k, v, kv, layer, where, scale, window, softcap
+        )
+        kv.note_written(where[0], where[1] + 1)
         return out
