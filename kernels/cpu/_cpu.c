@@ -343,6 +343,68 @@ static int same_shape(const Buf *b, int ndim, const Py_ssize_t *want) {
  * 0 .. start + t (the last `window` of them with a window): cpu_attention_prefill, one job
  * per (KV head, block of rows) that reads each key and value once. MemoryError when a
  * job's scratch cannot be allocated. */
+/* What both attention kernels take, checked against each other: q (n, H, Dh), k and v
+ * (n, Hkv, Dh), kcache and vcache two (n_layer, n_slots, Hkv, n_ctx, Dh) arrays, out
+ * (n, H * Dh); `layer` inside the cache, a number for scale, softcap >= 0. Returns 0, or
+ * -1 with the error set; attn_release in both cases. */
+typedef struct {
+    Buf q, k, v, kc, vc, o;
+} AttnBufs;
+
+static void attn_release(AttnBufs *a) {
+    release(&a->q);
+    release(&a->k);
+    release(&a->v);
+    release(&a->kc);
+    release(&a->vc);
+    release(&a->o);
+}
+
+static int attn_get(PyObject *oq, PyObject *ok, PyObject *ov, PyObject *okc, PyObject *ovc,
+                    PyObject *oo, Py_ssize_t layer, double scale, double softcap,
+                    AttnBufs *a) {
+    if (get(oq, &a->q, "q", 3, F32, 0) || get(ok, &a->k, "k", 3, F32, 0) ||
+        get(ov, &a->v, "v", 3, F32, 0) || get(okc, &a->kc, "kcache", 5, F32, 1) ||
+        get(ovc, &a->vc, "vcache", 5, F32, 1) || get(oo, &a->o, "out", 2, F32, 1))
+        return -1;
+    const Py_ssize_t n = dim(&a->q, 0), H = dim(&a->q, 1), Dh = dim(&a->q, 2);
+    const Py_ssize_t n_layer = dim(&a->kc, 0), Hkv = dim(&a->kc, 2);
+    if (Hkv < 1 || H % Hkv != 0 || dim(&a->kc, 4) != Dh) {
+        PyErr_Format(PyExc_ValueError,
+                     "kcache (n_layer, n_slots, Hkv, n_ctx, Dh) must have Hkv dividing H=%zd "
+                     "and Dh=%zd",
+                     H, Dh);
+        return -1;
+    }
+    const Py_ssize_t kv_shape[3] = {n, Hkv, Dh}, o_shape[2] = {n, H * Dh};
+    if (!same_shape(&a->k, 3, kv_shape) || !same_shape(&a->v, 3, kv_shape)) {
+        PyErr_Format(PyExc_ValueError, "k and v must be (rows, Hkv, Dh) = (%zd, %zd, %zd)", n,
+                     Hkv, Dh);
+        return -1;
+    }
+    if (!same_shape(&a->vc, 5, a->kc.v.shape)) {
+        PyErr_SetString(PyExc_ValueError, "vcache must have kcache's shape");
+        return -1;
+    }
+    if (a->kc.v.buf == a->vc.v.buf) {
+        PyErr_SetString(PyExc_ValueError, "kcache and vcache must be different arrays");
+        return -1;
+    }
+    if (!same_shape(&a->o, 2, o_shape)) {
+        PyErr_Format(PyExc_ValueError, "out must be (rows, H * Dh) = (%zd, %zd)", n, H * Dh);
+        return -1;
+    }
+    if (layer < 0 || layer >= n_layer) {
+        PyErr_Format(PyExc_ValueError, "layer %zd out of range (n_layer=%zd)", layer, n_layer);
+        return -1;
+    }
+    if (!(scale == scale) || !(softcap >= 0.0)) {
+        PyErr_SetString(PyExc_ValueError, "scale must be a number and softcap >= 0");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"q",     "k",     "v",      "kcache",  "vcache", "layer",
@@ -354,50 +416,27 @@ static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *
                                      &ok, &ov, &okc, &ovc, &layer, &slot, &start, &scale,
                                      &window, &softcap, &oo))
         return NULL;
-    Buf q = {0}, k = {0}, v = {0}, kc = {0}, vc = {0}, o = {0};
+    AttnBufs a = {0};
     PyObject *ret = NULL;
-    if (get(oq, &q, "q", 3, F32, 0) || get(ok, &k, "k", 3, F32, 0) ||
-        get(ov, &v, "v", 3, F32, 0) || get(okc, &kc, "kcache", 5, F32, 1) ||
-        get(ovc, &vc, "vcache", 5, F32, 1) || get(oo, &o, "out", 2, F32, 1))
+    if (attn_get(oq, ok, ov, okc, ovc, oo, layer, scale, softcap, &a))
         goto done;
-    const Py_ssize_t T = dim(&q, 0), H = dim(&q, 1), Dh = dim(&q, 2);
-    const Py_ssize_t n_layer = dim(&kc, 0), n_slots = dim(&kc, 1), Hkv = dim(&kc, 2);
-    const Py_ssize_t n_ctx = dim(&kc, 3);
-    const Py_ssize_t kv_shape[3] = {T, Hkv, Dh}, o_shape[2] = {T, H * Dh};
-    if (Hkv < 1 || H % Hkv != 0 || dim(&kc, 4) != Dh || !same_shape(&vc, 5, kc.v.shape) ||
-        kc.v.buf == vc.v.buf) {
-        PyErr_SetString(PyExc_ValueError,
-                        "kcache and vcache must be two (n_layer, n_slots, Hkv, n_ctx, Dh) "
-                        "arrays with Hkv dividing q's heads and q's Dh");
-        goto done;
-    }
-    if (!same_shape(&k, 3, kv_shape) || !same_shape(&v, 3, kv_shape) ||
-        !same_shape(&o, 2, o_shape)) {
+    const Py_ssize_t T = dim(&a.q, 0), H = dim(&a.q, 1), Dh = dim(&a.q, 2);
+    const Py_ssize_t n_slots = dim(&a.kc, 1), Hkv = dim(&a.kc, 2), n_ctx = dim(&a.kc, 3);
+    if (slot < 0 || slot >= n_slots || start < 0 || start + T > n_ctx) {
         PyErr_Format(PyExc_ValueError,
-                     "k and v must be (T, Hkv, Dh) = (%zd, %zd, %zd), out (T, H * Dh)", T, Hkv,
-                     Dh);
-        goto done;
-    }
-    if (layer < 0 || layer >= n_layer || slot < 0 || slot >= n_slots || start < 0 ||
-        start + T > n_ctx) {
-        PyErr_Format(PyExc_ValueError,
-                     "layer %zd, slot %zd or positions %zd..%zd out of range (n_layer=%zd, "
-                     "n_slots=%zd, n_ctx=%zd)",
-                     layer, slot, start, start + T, n_layer, n_slots, n_ctx);
-        goto done;
-    }
-    if (!(scale == scale) || !(softcap >= 0.0)) {
-        PyErr_SetString(PyExc_ValueError, "scale must be a number and softcap >= 0");
+                     "slot %zd or positions %zd..%zd out of range (n_slots=%zd, n_ctx=%zd)",
+                     slot, start, start + T, n_slots, n_ctx);
         goto done;
     }
     {
         const int nt = g_threads;
         int rc;
         Py_BEGIN_ALLOW_THREADS;
-        rc = cpu_attention_prefill(nt, (const float *)q.v.buf, (const float *)k.v.buf,
-                                   (const float *)v.v.buf, (float *)kc.v.buf, (float *)vc.v.buf,
-                                   n_slots, n_ctx, layer, slot, start, T, H, Hkv, Dh,
-                                   (float)scale, window, (float)softcap, (float *)o.v.buf);
+        rc = cpu_attention_prefill(nt, (const float *)a.q.v.buf, (const float *)a.k.v.buf,
+                                   (const float *)a.v.v.buf, (float *)a.kc.v.buf,
+                                   (float *)a.vc.v.buf, n_slots, n_ctx, layer, slot, start, T,
+                                   H, Hkv, Dh, (float)scale, window, (float)softcap,
+                                   (float *)a.o.v.buf);
         Py_END_ALLOW_THREADS;
         if (rc != 0) {
             PyErr_NoMemory();
@@ -407,12 +446,7 @@ static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *
     ret = Py_None;
     Py_INCREF(ret);
 done:
-    release(&q);
-    release(&k);
-    release(&v);
-    release(&kc);
-    release(&vc);
-    release(&o);
+    attn_release(&a);
     return ret;
 }
 
@@ -428,47 +462,16 @@ static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *k
                                      &ov, &okc, &ovc, &layer, &os, &op, &scale, &window,
                                      &softcap, &oo))
         return NULL;
-    Buf q = {0}, k = {0}, v = {0}, kc = {0}, vc = {0}, sl = {0}, po = {0}, o = {0};
+    AttnBufs a = {0};
+    Buf sl = {0}, po = {0};
     PyObject *ret = NULL;
-    if (get(oq, &q, "q", 3, F32, 0) || get(ok, &k, "k", 3, F32, 0) ||
-        get(ov, &v, "v", 3, F32, 0) || get(okc, &kc, "kcache", 5, F32, 1) ||
-        get(ovc, &vc, "vcache", 5, F32, 1) || get(os, &sl, "slots", 1, I64, 0) ||
-        get(op, &po, "positions", 1, I64, 0) || get(oo, &o, "out", 2, F32, 1))
+    if (attn_get(oq, ok, ov, okc, ovc, oo, layer, scale, softcap, &a) ||
+        get(os, &sl, "slots", 1, I64, 0) || get(op, &po, "positions", 1, I64, 0))
         goto done;
-    const Py_ssize_t B = dim(&q, 0), H = dim(&q, 1), Dh = dim(&q, 2);
-    const Py_ssize_t n_layer = dim(&kc, 0), n_slots = dim(&kc, 1), Hkv = dim(&kc, 2);
-    const Py_ssize_t n_ctx = dim(&kc, 3);
-    if (Hkv < 1 || H % Hkv != 0 || dim(&kc, 4) != Dh) {
-        PyErr_Format(PyExc_ValueError,
-                     "kcache (n_layer, n_slots, Hkv, n_ctx, Dh) must have Hkv dividing H=%zd "
-                     "and Dh=%zd",
-                     H, Dh);
-        goto done;
-    }
-    const Py_ssize_t kv_shape[3] = {B, Hkv, Dh}, o_shape[2] = {B, H * Dh};
-    if (!same_shape(&k, 3, kv_shape) || !same_shape(&v, 3, kv_shape)) {
-        PyErr_Format(PyExc_ValueError, "k and v must be (B, Hkv, Dh) = (%zd, %zd, %zd)", B, Hkv,
-                     Dh);
-        goto done;
-    }
-    if (!same_shape(&vc, 5, kc.v.shape)) {
-        PyErr_SetString(PyExc_ValueError, "vcache must have kcache's shape");
-        goto done;
-    }
-    if (kc.v.buf == vc.v.buf) {
-        PyErr_SetString(PyExc_ValueError, "kcache and vcache must be different arrays");
-        goto done;
-    }
-    if (!same_shape(&o, 2, o_shape)) {
-        PyErr_Format(PyExc_ValueError, "out must be (B, H * Dh) = (%zd, %zd)", B, H * Dh);
-        goto done;
-    }
+    const Py_ssize_t B = dim(&a.q, 0), H = dim(&a.q, 1), Dh = dim(&a.q, 2);
+    const Py_ssize_t n_slots = dim(&a.kc, 1), Hkv = dim(&a.kc, 2), n_ctx = dim(&a.kc, 3);
     if (dim(&sl, 0) != B || dim(&po, 0) != B) {
         PyErr_Format(PyExc_ValueError, "slots and positions must have B=%zd entries", B);
-        goto done;
-    }
-    if (layer < 0 || layer >= n_layer) {
-        PyErr_Format(PyExc_ValueError, "layer %zd out of range (n_layer=%zd)", layer, n_layer);
         goto done;
     }
     const int64_t *slots = (const int64_t *)sl.v.buf, *pos = (const int64_t *)po.v.buf;
@@ -490,30 +493,21 @@ static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *k
                 goto done;
             }
     }
-    if (!(scale == scale) || !(softcap >= 0.0)) {
-        PyErr_SetString(PyExc_ValueError, "scale must be a number and softcap >= 0");
-        goto done;
-    }
     {
         const int nt = g_threads;
         Py_BEGIN_ALLOW_THREADS;
-        cpu_attention_decode(nt, (const float *)q.v.buf, (const float *)k.v.buf,
-                             (const float *)v.v.buf, (float *)kc.v.buf, (float *)vc.v.buf,
+        cpu_attention_decode(nt, (const float *)a.q.v.buf, (const float *)a.k.v.buf,
+                             (const float *)a.v.v.buf, (float *)a.kc.v.buf, (float *)a.vc.v.buf,
                              n_slots, n_ctx, layer, slots, pos, B, H, Hkv, Dh, (float)scale,
-                             window, (float)softcap, (float *)o.v.buf);
+                             window, (float)softcap, (float *)a.o.v.buf);
         Py_END_ALLOW_THREADS;
     }
     ret = Py_None;
     Py_INCREF(ret);
 done:
-    release(&q);
-    release(&k);
-    release(&v);
-    release(&kc);
-    release(&vc);
+    attn_release(&a);
     release(&sl);
     release(&po);
-    release(&o);
     return ret;
 }
 
