@@ -16,6 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
+from inference.engine.chat.turn import InvalidTurn
 from inference.engine.types import (
     BadSessionBlob,
     ContextOverBudget,
@@ -135,6 +136,8 @@ def api_error_from(exc: Exception, *, stream: bool = False) -> ApiError:
     if isinstance(exc, SuspiciousOperation):
         # e.g. RequestDataTooBig on request.body; Django's message names the limit only.
         return invalid_request(str(exc) or "bad request")
+    if isinstance(exc, InvalidTurn):  # the chat core refused the turn
+        return invalid_request(exc.message, exc.param)
     if isinstance(exc, ContextOverBudget):
         # Non-streaming clients read kv_used/kv_cap from the message; streaming clients
         # get them as fields too (the contract's streaming error event carries them).

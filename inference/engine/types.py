@@ -162,12 +162,21 @@ class EngineError(Exception):
 
 
 class ContextOverBudget(EngineError):
-    def __init__(self, prompt_tokens: int, kv_cap: int):
+    """The prompt does not fit the context window. The message starts with OpenAI's
+    wording (clients such as LiteLLM and LangChain recognise an overflow by it);
+    `at_least`: the tokenizer refused the text untokenized, so `prompt_tokens` is a lower
+    bound."""
+
+    def __init__(self, prompt_tokens: int, kv_cap: int, at_least: bool = False):
         self.prompt_tokens = prompt_tokens
         self.kv_cap = kv_cap
+        self.at_least = at_least
+        count = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
         super().__init__(
-            f"prompt is {prompt_tokens} tokens but the context window is {kv_cap} tokens "
-            f"(kv_used={prompt_tokens}, kv_cap={kv_cap}); shorten the conversation and retry"
+            f"This model's maximum context length is {kv_cap} tokens. However, your "
+            f"messages resulted in {count} tokens. Please reduce the length of the "
+            f"messages (kv_used={prompt_tokens}, kv_cap={kv_cap}); shorten the "
+            f"conversation and retry."
         )
 
 

@@ -1,0 +1,125 @@
+"""The Django side of the chat core, shared by every wire format's view.
+
+A chat view (OpenAI chat, Anthropic Messages, OpenAI Responses) parses and validates its
+JSON off the event loop (`off_loop`, within `turn_deadline()`), builds an engine `Turn`,
+and calls `start_turn`: the model resolved, the session id put in the caller's key's
+namespace, the access log told, the turn prepared on the bounded prepare pool within the
+same deadline. It then renders the events of `StartedTurn.events`.
+
+Nothing a client sends runs unbounded on the event loop: past PREPARE_TIMEOUT_S a
+preparation is 413 request_too_large, or 429 server_busy if it never got a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from django.conf import settings
+
+from inference import runtime as registry
+from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
+from inference.errors import ApiError
+from inference.request_log import note
+from sessions import tenancy
+
+T = TypeVar("T")
+
+# A request's preparation (parse, validate, render, tokenize) must end within this; past
+# it the client gets 413 request_too_large (or 429 server_busy if it never got a worker).
+PREPARE_TIMEOUT_S = 10.0
+PREPARE_WORKERS = 4
+_prepare_pool = ThreadPoolExecutor(
+    max_workers=PREPARE_WORKERS, thread_name_prefix="pantheon-prepare"
+)
+
+
+def turn_deadline() -> float:
+    """The deadline (time.monotonic()) a request's whole preparation must meet: take it
+    before parsing the body."""
+    return time.monotonic() + PREPARE_TIMEOUT_S
+
+
+async def off_loop(deadline: float, work: Callable[[], T]) -> T:
+    """`work()` on the prepare pool, awaited until `deadline` (time.monotonic()). The
+    pool is bounded: a flood of large requests queues there, never on the event loop. A
+    job still queued when its request gives up never starts; one already running cannot
+    be stopped, but ends on its own (every step of it is bounded by a limit)."""
+    started = threading.Event()
+
+    def run() -> T:
+        started.set()
+        return work()
+
+    future = _prepare_pool.submit(run)
+    try:
+        return await asyncio.wait_for(
+            asyncio.wrap_future(future), max(0.0, deadline - time.monotonic())
+        )
+    except TimeoutError:
+        future.cancel()
+        if not started.is_set():
+            raise ApiError(
+                429,
+                f"the server is busy preparing other requests (none started within "
+                f"{PREPARE_TIMEOUT_S:g} s); retry later",
+                "server_busy",
+                headers={"Retry-After": str(math.ceil(PREPARE_TIMEOUT_S))},
+            ) from None
+        raise ApiError(
+            413,
+            f"preparing this request (parsing, the chat template, tokenizing) took longer "
+            f"than {PREPARE_TIMEOUT_S:g} s; send a smaller one",
+            "request_too_large",
+        ) from None
+
+
+def chat_options() -> ChatOptions:
+    """The settings that shape a turn (PANTHEON_NO_THINK, PANTHEON_TOOL_GRAMMAR)."""
+    return ChatOptions(
+        no_think=bool(getattr(settings, "PANTHEON_NO_THINK", False)),
+        tool_grammar=getattr(settings, "PANTHEON_TOOL_GRAMMAR", None),
+    )
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    model: str  # the served name the request resolved to
+    svc: object  # its ModelService
+    prepared: PreparedTurn
+    # The engine's events; not started yet: the first `anext` admits the request (and
+    # raises its refusals). Close it (aclosing) when done: that stops the generation.
+    events: AsyncIterator
+
+    @property
+    def session_id(self) -> str | None:
+        return self.prepared.turn.session_id
+
+
+async def start_turn(
+    request,
+    turn: Turn,
+    *,
+    model: str | None,
+    session_id: str | None,
+    deadline: float,
+) -> StartedTurn:
+    """Resolve `model`, namespace the client's `session_id` (None: no session) through
+    sessions.tenancy, note both for the access log, prepare `turn` off the loop within
+    `deadline`, and hand back its (not yet started) event stream. Raises the runtime's
+    ModelNotFound / NoModelsLoaded, ApiError (429/413 from the prepare pool),
+    InvalidTurn and ContextOverBudget."""
+    name, svc = registry.runtime.resolve(model)
+    # In the caller's key's namespace: another key's session of that id is not reached.
+    key = tenancy.session_key(request, session_id)
+    note(request, model=name, session_id=key)
+    turn = replace(turn, session_id=key)
+    options = chat_options()
+    prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, options))
+    return StartedTurn(name, svc, prepared, run_turn(svc, prepared))

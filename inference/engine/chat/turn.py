@@ -1,0 +1,53 @@
+"""A chat turn as every wire format hands it to the core: built once, frozen.
+
+The messages are in the neutral form (the OpenAI chat message shape): role `system` /
+`user` / `assistant` / `tool`, string `content`; an assistant turn may carry
+`tool_calls` ([{id, type: "function", function: {name, arguments: JSON text}}]) and
+`reasoning_content`; a tool turn its `tool_call_id`. Tools are OpenAI function tools
+({"type": "function", "function": {name, description, parameters}}).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..types import SamplingParams
+
+
+@dataclass(frozen=True)
+class Turn:
+    messages: tuple[dict, ...]
+    tools: tuple[dict, ...] = ()
+    # "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
+    tool_choice: str | dict = "auto"
+    response_format: dict | None = None  # OpenAI response_format JSON; None: plain text
+    enable_thinking: bool | None = None  # None: the server's default (ChatOptions.no_think)
+    reasoning_budget: int | None = None  # None: the model's configured budget
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1  # choices wanted; the core asks the engine for at most MAX_CHOICES
+    # Prefix-cache key, already in the caller's key's namespace (sessions.tenancy).
+    session_id: str | None = None
+    logprobs: bool = False  # the client wants per-token logprobs rendered
+    request_id: str = ""  # the engine's id for this request; "" -> one is made up
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """Server settings that shape a turn, passed in by the caller (the engine reads no
+    settings): PANTHEON_NO_THINK and PANTHEON_TOOL_GRAMMAR."""
+
+    no_think: bool = False  # a turn that leaves enable_thinking unset does not think
+    # None (unset): a grammar compels "required" and named calls; True: also masks an
+    # "auto" call once it opens; False: no tool grammar at all.
+    tool_grammar: bool | None = None
+
+
+class InvalidTurn(ValueError):
+    """A turn the core refuses (a bad tool or tool_choice, a response_format that does
+    not compile, a conversation the chat template refuses). `param`: the field at fault,
+    when one is named. Wire formats answer it as their 400."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
