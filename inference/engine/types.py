@@ -144,8 +144,8 @@ class Usage:
 
 @dataclass(frozen=True)
 class FinishEvent:
-    """Last event of one choice. A request's stream ends after `choices` of them (fewer
-    than it asked for only when the served slot count cannot hold them all)."""
+    """Last event of one choice. A request's stream ends after `choices` of them (all
+    `n`: choices beyond the served slots run as the request's slots free)."""
 
     finish_reason: str  # "stop" | "length" | "repetition_loop"
     usage: Usage  # this choice's; the prompt is the request's, counted once by the caller
@@ -155,6 +155,7 @@ class FinishEvent:
     response_format_message: str = ""  # why a status is not_enforced (a check timed out)
     tool_calls: tuple = ()  # tool_dialects.ParsedCall: the calls parsed from the answer
     tool_call_errors: tuple = ()  # tool_dialects.CallError: calls started, not finished
+    stop_sequence: str = ""  # the stop string that ended the choice ("" for none)
 
 
 class EngineError(Exception):

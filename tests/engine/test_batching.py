@@ -136,18 +136,6 @@ def test_n_choices_share_the_prefill_and_choice_i_samples_with_seed_plus_i(eight
     assert {f.usage.prompt_tokens for f in finishes.values()} == {len(ids)}
 
 
-def test_more_choices_than_slots_come_back_partially(smollm2_service):
-    svc = service_with(smollm2_service, max_concurrent=2)
-    try:
-        ids = svc.encode_chat([{"role": "user", "content": "Hi"}])
-        texts, finishes = asyncio.run(
-            collect(svc, ids, SamplingParams(temperature=0, max_tokens=2), n=5)
-        )
-        assert sorted(finishes) == [0, 1] and finishes[0].choices == 2
-    finally:
-        svc.close()
-
-
 def test_overflow_waits_in_the_queue_and_a_full_queue_is_refused_with_retry_after(
     smollm2_service,
 ):

@@ -250,12 +250,115 @@ def test_n_choices_share_one_prefill_and_sample_separately():
     assert s.running == 2 and s.pop_freed_slots() == [2]
 
 
-def test_more_choices_than_served_slots_are_served_partially():
+def run_out(s: Scheduler, tokens=None) -> list[object]:
+    """Steps until nothing is in flight; every event, in order."""
+    events: list[object] = []
+    for _ in range(200):
+        if not s.in_flight:
+            return events
+        assert s.running <= s.served_slots or s.queued == 0
+        events += step(s, tokens=tokens)[1]
+    raise AssertionError("still in flight after 200 steps")
+
+
+def test_choices_beyond_the_served_slots_wait_and_take_their_group_s_slots_as_they_free():
+    s = make(slots=2, chunk=4)
+    g = s.add((1, 2, 3), n=5, max_tokens=3)
+    batch = s.schedule()
+    (started,) = batch.started
+    assert len(started.seq_ids) == 5 and started.slots == (0, 1)
+    (chunk,) = batch.prefill
+    # The prompt's KV goes to the one other slot; all five choices sample a first token.
+    assert chunk.copy_to_slots == (1,) and chunk.sample_seq_ids == started.seq_ids
+    first = {sid: 10 + i for i, sid in enumerate(started.seq_ids)}
+    events = s.update(batch, first)
+    assert [(e.index, e.token_id) for e in of(events, Sampled)] == [(i, 10 + i) for i in range(5)]
+    assert s.running == 2
+
+    seq0, seq1, seq2 = started.seq_ids[:3]
+    batch, events = step(s, tokens={seq0: EOT, seq1: 7})
+    assert [(r.slot, r.position, r.token_id) for r in batch.decode] == [(0, 3, 10), (1, 3, 11)]
+    (fin,) = of(events, Finished)
+    assert (fin.index, fin.slot, fin.choices, fin.group_done) == (0, 0, 5, False)
+    # Slot 0 went straight to choice 2: it decodes its held first token after the prompt.
+    batch = s.schedule()
+    assert [(r.seq_id, r.slot, r.position, r.token_id) for r in batch.decode] == [
+        (seq1, 1, 4, 7),
+        (seq2, 0, 3, 12),
+    ]
+    assert s.pop_freed_slots() == []  # never free: its prompt KV is kept
+    s.update(batch, {})
+
+    finished = of(run_out(s), Finished)
+    assert sorted(f.index for f in [fin, *finished]) == [0, 1, 2, 3, 4]
+    assert {f.choices for f in finished} == {5} and {f.group_id for f in finished} == {g}
+    assert [f.group_done for f in finished] == [False] * 3 + [True]
+    assert s.running == 0 and s.in_flight == 0
+
+
+def test_with_one_token_each_every_choice_ends_at_the_prefill():
     s = make(slots=2)
     s.add((1,), n=5, max_tokens=1)
     batch, events = step(s)
-    assert len(batch.started[0].seq_ids) == 2
-    assert {e.choices for e in of(events, Finished)} == {2}
+    finished = of(events, Finished)
+    assert [f.index for f in finished] == [0, 1, 2, 3, 4]
+    assert {f.choices for f in finished} == {5} and finished[-1].group_done
+    assert s.in_flight == 0 and s.pop_freed_slots() == [0, 1]
+
+
+def test_a_group_keeps_only_the_slots_it_started_with_and_the_queue_behind_it_waits():
+    s = make(slots=3, depth=2)
+    a = s.add((1,), n=4, max_tokens=2)
+    b = s.add((2,), max_tokens=2)
+    batch = s.schedule()
+    assert [st.group_id for st in batch.started] == [a]  # b waits: a holds all three
+    s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
+    # The three running choices end together: one slot goes on to a's fourth choice,
+    # the other two are free for b at the next step, while a still runs.
+    _, events = step(s)
+    assert len(of(events, Finished)) == 3 and s.running == 1
+    batch = s.schedule()
+    assert [st.group_id for st in batch.started] == [b]
+    assert s.running == 2
+
+
+def test_under_a_lowered_slot_count_a_finished_choice_hands_on_only_its_group_s_last_slot():
+    s = make(slots=2)
+    s.add((1,), n=3, max_tokens=5)
+    batch = s.schedule()
+    seq0, seq1, seq2 = batch.started[0].seq_ids
+    s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
+    s.set_limits(served_slots=1, context_window=64)
+    _, events = step(s, tokens={seq0: EOT})
+    assert of(events, Finished)[0].index == 0
+    assert s.pop_freed_slots() == [0] and s.running == 1  # back to the served count
+    _, events = step(s, tokens={seq1: EOT})
+    assert of(events, Finished)[0].index == 1
+    batch = s.schedule()  # choice 2 runs in choice 1's slot
+    assert [(r.seq_id, r.slot) for r in batch.decode] == [(seq2, 1)]
+    s.update(batch, {})
+    assert [f.index for f in of(run_out(s), Finished)] == [2]
+
+
+def test_cancelling_a_group_with_waiting_choices_frees_everything():
+    s = make(slots=2, depth=1)
+    g = s.add((1,), n=4, max_tokens=9)
+    batch = s.schedule()
+    s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
+    batch = s.schedule()
+    assert s.cancel(g)
+    assert s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()}) == []
+    assert s.running == 0 and s.in_flight == 0
+    assert s.pop_freed_slots() == [0, 1]
+
+
+def test_a_group_s_waiting_choices_count_in_the_wait_for_a_slot():
+    s = make(slots=1, chunk=4)
+    s.add((1,), n=3, max_tokens=4)
+    batch = s.schedule()
+    s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
+    # Three tokens left for the running choice, then two more choices of four tokens.
+    assert s.steps_until_a_slot_frees() == 3 + 2 * 4
 
 
 def test_a_stop_string_finish_frees_the_slot():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -114,5 +115,60 @@ def test_closing_the_stream_early_aborts_and_frees_the_slot(smollm2_service):
         _, finish = run(scenario())
         assert isinstance(finish, FinishEvent)
         assert not svc.busy
+    finally:
+        svc.close()
+
+
+async def collect_choices(svc, prompt, params, n):
+    """({index: text}, {index: FinishEvent}) of one request of `n` choices."""
+    texts: dict[int, str] = {}
+    finishes: dict[int, FinishEvent] = {}
+    async for ev in svc.generate(GenerationRequest("n", tuple(prompt), params, n=n)):
+        if isinstance(ev, TokenEvent):
+            assert ev.index not in finishes  # nothing of a choice after its finish
+            texts[ev.index] = texts.get(ev.index, "") + ev.text
+        else:
+            assert ev.index not in finishes
+            finishes[ev.index] = ev
+    return texts, finishes
+
+
+def test_n_above_the_served_slots_runs_every_choice_as_the_slots_free(smollm2_service):
+    """n = 4 on 2 slots, nothing else running: four choices, each its own index and
+    FinishEvent, choice i the same decode as a single request with seed + i."""
+    svc = smollm2_service.sibling(
+        ModelConfig(name="two-slots", path=smollm2_service.path, max_concurrent=2)
+    )
+    ids = svc.encode_chat([{"role": "user", "content": "Name a colour."}])
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=5)
+    try:
+        texts, finishes = run(collect_choices(svc, ids, params, n=4))
+        assert sorted(finishes) == [0, 1, 2, 3]
+        assert {f.choices for f in finishes.values()} == {4}
+        assert {f.usage.prompt_tokens for f in finishes.values()} == {len(ids)}
+        for i in range(4):
+            alone, _ = run(collect_choices(svc, ids, replace(params, seed=7 + i), n=1))
+            assert alone.get(0, "") == texts.get(i, ""), i
+        assert len(set(texts.values())) > 1  # four samples, not one copied
+        assert not svc.busy and svc.scheduler.running == 0
+    finally:
+        svc.close()
+
+
+def test_a_request_queued_behind_waiting_choices_still_runs(smollm2_service):
+    svc = smollm2_service.sibling(
+        ModelConfig(name="two-slots", path=smollm2_service.path, max_concurrent=2)
+    )
+    ids = svc.encode_chat([{"role": "user", "content": "Name a colour."}])
+    params = SamplingParams(temperature=0, max_tokens=3)
+
+    async def together():
+        return await asyncio.gather(
+            collect_choices(svc, ids, params, n=4), collect_choices(svc, ids, params, n=1)
+        )
+
+    try:
+        (_, many), (_, one) = run(together())
+        assert sorted(many) == [0, 1, 2, 3] and sorted(one) == [0]
     finally:
         svc.close()

@@ -6,16 +6,25 @@ events to deliver. The HTTP side adds and cancels requests (under the service's 
 Tested with no model and fake token ids.
 
 The rules:
-- A request (a *group* of `n` choices, each a *sequence*) waits in a FIFO until `n` of
-  the served slots are free. No request overtakes the head of the queue.
+- A request (a *group* of `n` choices, each a *sequence*) waits in a FIFO until
+  `min(n, served slots)` slots are free. No request overtakes the head of the queue.
 - A group's prompt is prefilled once, on its first sequence's slot, in chunks at fixed
   boundaries (multiples of `prefill_chunk`), so the same prompt is always computed in the
   same passes, whatever else runs. Each step prefills at most `prefill_chunk` prompt
   tokens (always at least one chunk), then decodes every running sequence one token: a
   long prompt delays the running streams by one chunk per step, never more.
 - On the prompt's last chunk its KV is copied to the other choices' slots and every
-  choice samples its first token from the last position's logits.
-- A finished or cancelled sequence frees its slot at once, for the next `schedule()`.
+  choice samples its first token from the last position's logits, the choices without a
+  slot too (`n` above the served slots): those wait, holding that token, for a slot of
+  their own group.
+- A finished or cancelled sequence frees its slot at once, for the next `schedule()`;
+  a finished one whose group has a choice waiting hands the slot to it instead (the
+  prompt's KV is already there, positions 0 .. len(prompt); what the finished choice
+  wrote after it is overwritten before it is read). So a group holds the slots it was
+  admitted with until its last choice ends, never more: its later choices run in turn,
+  and the queue behind it waits as behind any long request (queue timeout included).
+  Under a lowered slot count (the memory ladder) a slot is handed on only if it is the
+  group's last one.
 - A group may resume from a cached prefix (a session's earlier turns): between `admit()`
   and `plan()` the engine copies that KV into the group's first slot and calls
   `resume()`; its prefill then starts after the cached tokens, its chunks counted from
@@ -61,8 +70,8 @@ class DecodeRow:
 
 @dataclass(frozen=True)
 class Started:
-    """A group that left the queue this step: its choices' sequences, choice i at [i]
-    (fewer than it asked for when the served slots cannot hold them all)."""
+    """A group that left the queue this step: its choices' sequences, choice i at [i].
+    The first len(slots) have a slot now; the others get one as the group's slots free."""
 
     group_id: int
     seq_ids: tuple[int, ...]
@@ -112,7 +121,9 @@ class Finished:
     # Positions of the sequence's slot whose KV is written (the prompt and every output
     # token fed back; not the last sampled one unless it was the end of turn).
     kv_written: int = 0
-    slot: int = -1  # the slot it decoded in, free now (its KV intact until reused)
+    # The slot it decoded in (-1: it never held one), free now or handed to a waiting
+    # choice of its group; its KV is intact until the next step runs.
+    slot: int = -1
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,7 @@ class _Seq:
     seq_id: int
     group: _Group
     index: int
-    slot: int = -1
+    slot: int = -1  # -1: waiting for one of its group's slots
     n_out: int = 0  # sampled tokens that count as output (end-of-turn does not)
     last_token: int = -1
     done: bool = False
@@ -183,7 +194,7 @@ class Scheduler:
         self._free: list[int] = list(range(n_slots))  # a heap: the lowest free slot first
         self._waiting: deque[_Group] = deque()
         self._running: dict[int, _Group] = {}  # admission order
-        self._seqs: dict[int, _Seq] = {}  # sequences holding a slot
+        self._seqs: dict[int, _Seq] = {}  # running groups' unfinished sequences
         self._group_ids = itertools.count(1)
         self._seq_ids = itertools.count(1)
         self._freed: list[int] = []
@@ -211,10 +222,11 @@ class Scheduler:
         group = self._running.pop(group_id, None)
         if group is None:
             return False
-        for seq in group.seqs:
-            if not seq.done:
-                seq.done = True
-                self._release(seq)
+        live = [seq for seq in group.seqs if not seq.done]
+        for seq in live:
+            seq.done = True
+        for seq in live:
+            self._release(seq)
         return True
 
     # --- the engine thread ---------------------------------------------------------------
@@ -247,7 +259,7 @@ class Scheduler:
         for group in self._running.values():
             if group.prompt_done:
                 for seq in group.seqs:
-                    if not seq.done:
+                    if not seq.done and seq.slot >= 0:
                         decode.append(
                             DecodeRow(seq.seq_id, seq.slot, self._position(seq), seq.last_token)
                         )
@@ -269,7 +281,7 @@ class Scheduler:
                     slot=first.slot,
                     start=start,
                     token_ids=group.prompt[start:end],
-                    copy_to_slots=tuple(s.slot for s in others) if last else (),
+                    copy_to_slots=tuple(s.slot for s in others if s.slot >= 0) if last else (),
                     sample_seq_ids=tuple(s.seq_id for s in group.seqs) if last else (),
                 )
             )
@@ -367,14 +379,17 @@ class Scheduler:
     @property
     def running(self) -> int:
         """Sequences holding a slot."""
-        return len(self._seqs)
+        return self.n_slots - len(self._free)
 
     def steps_until_a_slot_frees(self) -> int:
-        """Upper bound on the steps before some running sequence ends (0 when one is free)."""
-        if len(self._seqs) < self.served_slots:
+        """Upper bound on the steps before some slot is free (0 when one is free): a slot
+        whose group has choices waiting frees only after they ran too."""
+        if self.running < self.served_slots:
             return 0
         best = None
         for seq in self._seqs.values():
+            if seq.slot < 0:
+                continue
             group = seq.group
             chunks_left = -(-(len(group.prompt) - group.prefilled) // self.prefill_chunk)
             tokens_left = min(
@@ -382,6 +397,12 @@ class Scheduler:
                 self.context_window - len(group.prompt) - max(seq.n_out - 1, 0),
             )
             steps = chunks_left + max(tokens_left, 1)
+            live = [s for s in group.seqs if not s.done]
+            waiting = sum(s.slot < 0 for s in live)
+            if waiting:  # they take the group's slots in turn
+                turns = -(-waiting // (len(live) - waiting))
+                per_choice = min(group.max_tokens, self.context_window - len(group.prompt))
+                steps += turns * max(per_choice, 1)
             best = steps if best is None else min(best, steps)
         return best or 1
 
@@ -404,7 +425,7 @@ class Scheduler:
     def _queued_behind(self, need: int) -> int:
         """How many groups would wait ahead of a new one needing `need` slots, plus one if
         it would have to wait itself (0: it starts at the next step)."""
-        free = self.served_slots - len(self._seqs)
+        free = self.served_slots - self.running
         waiting = 0
         for group in self._waiting:
             g_need = min(group.n, self.served_slots)
@@ -418,14 +439,15 @@ class Scheduler:
         started = []
         while self._waiting:
             group = self._waiting[0]
-            # More choices than the served slots can never start together: serve fewer.
-            n = min(group.n, self.served_slots)
-            if self.served_slots - len(self._seqs) < n or len(self._free) < n:
+            # More choices than the served slots can never start together: the first
+            # ones start, the others wait for the group's slots.
+            k = min(group.n, self.served_slots)
+            if self.served_slots - self.running < k or len(self._free) < k:
                 break
             self._waiting.popleft()
-            group.n = n
-            for index in range(n):
-                seq = _Seq(next(self._seq_ids), group, index, slot=heapq.heappop(self._free))
+            for index in range(group.n):
+                slot = heapq.heappop(self._free) if index < k else -1
+                seq = _Seq(next(self._seq_ids), group, index, slot=slot)
                 group.seqs.append(seq)
                 self._seqs[seq.seq_id] = seq
             self._running[group.group_id] = group
@@ -433,7 +455,7 @@ class Scheduler:
                 Started(
                     group.group_id,
                     tuple(q.seq_id for q in group.seqs),
-                    tuple(q.slot for q in group.seqs),
+                    tuple(q.slot for q in group.seqs[:k]),
                 )
             )
         return started
@@ -447,6 +469,7 @@ class Scheduler:
         of turn sampled after it), so its KV is written too."""
         slot = seq.slot
         seq.done = True
+        self._hand_on(seq)
         self._release(seq)
         group = seq.group
         done = all(s.done for s in group.seqs)
@@ -477,6 +500,19 @@ class Scheduler:
         self._finished_sequences += 1
         weight = max(1 / self._finished_sequences, 0.1)  # the mean, then the recent ones
         self.mean_sequence_steps += weight * (steps - self.mean_sequence_steps)
+
+    def _hand_on(self, seq: _Seq) -> None:
+        """A finished sequence's slot goes to its group's next waiting choice, if any (not
+        while more slots are held than served, unless it is the group's last one)."""
+        if seq.slot < 0:
+            return
+        live = [s for s in seq.group.seqs if not s.done]
+        heir = next((s for s in live if s.slot < 0), None)
+        if heir is None:
+            return
+        if self.running > self.served_slots and any(s.slot >= 0 for s in live):
+            return
+        heir.slot, seq.slot = seq.slot, -1
 
     def _release(self, seq: _Seq) -> None:
         self._seqs.pop(seq.seq_id, None)

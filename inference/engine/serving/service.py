@@ -392,7 +392,10 @@ class ModelService:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent | FinishEvent]:
         """Events of one request: each choice's TokenEvents and its FinishEvent (told apart
-        by `index`); the iterator ends after the last choice's FinishEvent.
+        by `index`, interleaved as produced); the iterator ends after the last choice's
+        FinishEvent. All `n` choices run: those beyond the served slots sample their first
+        token with the others, then wait for one of the request's slots to free
+        (scheduler.py), so their events may come well after the first choices ended.
 
         Refusals are raised before any event: ContextOverBudget, ServerMemoryConstrained,
         ServerShuttingDown, and ServerBusy (queue full at once, or queue wait timed out).
@@ -751,6 +754,7 @@ class ModelService:
             choices=event.choices,
             tool_calls=ch.out.parsed_calls,
             tool_call_errors=ch.out.call_errors,
+            stop_sequence=ch.out.stops.matched if ch.out.stopped_by_string else "",
         )
         # The answer's schema check (response_format) runs off this thread: the finish
         # leaves once it is settled, at once when there is nothing to check.
