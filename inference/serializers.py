@@ -159,6 +159,77 @@ class BoundedListField(serializers.ListField):
         return super().to_internal_value(data)
 
 
+# The roles a chat message may have. A missing (or null) role is `user` (the contract);
+# OpenAI's `developer` is the system prompt of its newer models: read as `system`.
+MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLE_ALIASES = {"developer": "system"}
+# What each kind of non-text content part would need; none of the engine's models has it.
+_UNSUPPORTED_PARTS = {
+    "image_url": "see images",
+    "input_image": "see images",
+    "image": "see images",
+    "input_audio": "hear audio",
+    "audio": "hear audio",
+    "video_url": "see video",
+    "file": "read files",
+    "input_file": "read files",
+}
+
+
+class MessagesField(BoundedListField):
+    """`messages`: a non-empty list of objects whose `role` is known and whose `content`
+    is a string, null, or a list of text parts. A part the models cannot take (an image,
+    audio, a file) is refused naming it, never dropped; `developer` becomes `system`.
+    Other keys (tool_calls, reasoning_content, name, ...) are kept as given; a content of
+    any other type is read as empty by the template layer (the contract)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(child=serializers.DictField(), allow_empty=False, **kwargs)
+
+    def to_internal_value(self, data):
+        messages = super().to_internal_value(data)
+        for i, message in enumerate(messages):
+            problem = _message_problem(message)
+            if problem is not None:
+                raise serializers.ValidationError({i: problem})
+            role = message.get("role")
+            if role in ROLE_ALIASES:
+                messages[i] = {**message, "role": ROLE_ALIASES[role]}
+        return messages
+
+
+def _message_problem(message: dict) -> dict | None:
+    """What is wrong with one message, as DRF's error tree under it ({"role": [why]},
+    {"content": {part index: [why]}}), or None."""
+    role = message.get("role")
+    if role is not None and not isinstance(role, str):
+        return {"role": ["Must be a string."]}
+    if role and role not in MESSAGE_ROLES:
+        hint = " (send tool results as role 'tool')" if role == "function" else ""
+        return {
+            "role": [f"unknown role {role!r}{hint}; expected one of {', '.join(MESSAGE_ROLES)}"]
+        }
+    content = message.get("content")
+    if not isinstance(content, list):
+        return None
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            continue
+        if not isinstance(part, dict):
+            return {"content": {j: ['a content part must be an object like {"type": "text", ...}']}}
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                return {"content": {j: {"text": ["Must be a string."]}}}
+            continue
+        if not isinstance(kind, str) or not kind:
+            return {"content": {j: {"type": ['missing; expected "text"']}}}
+        need = _UNSUPPORTED_PARTS.get(kind)
+        why = f"no loaded model can {need}" if need else "only text parts are"
+        return {"content": {j: [f"{kind} parts are not supported: {why}"]}}
+    return None
+
+
 class StreamOptionsSerializer(serializers.Serializer):
     include_usage = StrictBooleanField(required=False, allow_null=True)
 
@@ -169,11 +240,9 @@ class ChatCompletionRequest(serializers.Serializer):
     model = StrictCharField(
         required=False, allow_null=True, allow_blank=True, max_length=IDENTIFIER_MAX
     )
-    # Message normalisation (missing role, non-string content) belongs to the chat
-    # template layer; the edge only insists on a non-empty list of objects.
-    messages = BoundedListField(
-        child=serializers.DictField(), allow_empty=False, setting="PANTHEON_MAX_MESSAGES"
-    )
+    # Roles and content parts are checked here (MessagesField); the rest of message
+    # normalisation (missing role, non-string content) belongs to the chat template layer.
+    messages = MessagesField(setting="PANTHEON_MAX_MESSAGES")
     temperature = StrictFloatField(
         required=False,
         allow_null=True,
@@ -252,6 +321,16 @@ class ChatCompletionRequest(serializers.Serializer):
             logprobs=bool(data.get("logprobs")) or self.top_logprobs_clamped > 0,
             top_logprobs=self.top_logprobs_clamped,
         )
+
+    def validate(self, attrs):
+        # OpenAI's answer too: a call cannot be compelled when no function is offered.
+        choice = attrs.get("tool_choice")
+        if not attrs.get("tools") and (choice == "required" or isinstance(choice, dict)):
+            spelled = '"required"' if choice == "required" else "a named function"
+            raise serializers.ValidationError(
+                {"tool_choice": [f"{spelled} needs `tools`: there is no function to call"]}
+            )
+        return attrs
 
     def validate_repetition_penalty(self, value):
         if value is not None and value <= 0:
@@ -416,8 +495,14 @@ def _reject_constant(name: str):
 def validated_chat_request(body: bytes) -> ChatCompletionRequest:
     request = ChatCompletionRequest(data=parse_json_object(body))
     if not request.is_valid():
-        raise invalid_request(format_errors(request.errors))
+        raise invalid_errors(request.errors)
     return request
+
+
+def invalid_errors(errors: dict):
+    """The 400 for DRF's error tree: its first error, named (message and `param`)."""
+    path, message = _first_error(errors, "")
+    return invalid_request(f"{path}: {message}" if path else message, param=path or None)
 
 
 def format_errors(errors: dict) -> str:

@@ -1,12 +1,20 @@
-from django.urls import path
+from django.urls import include, path
 
-from inference import views
+from inference import meta_views, views
 
-# Exact paths, no trailing-slash variants: anything else is the JSON 404.
+# Exact paths, no trailing-slash variants: anything else is the JSON 404. Some clients
+# leave /v1 out of their base URL: /chat/completions and /models are the same routes.
 urlpatterns = [
     path("", views.HealthView.as_view(), name="health"),
-    path("v1/models", views.ModelsView.as_view(), name="models"),
+    path("health", meta_views.LlamaHealthView.as_view(), name="llama-health"),
+    path("v1/models", meta_views.ModelsView.as_view(), name="models"),
+    path("models", meta_views.ModelsView.as_view(), name="models-no-v1"),
+    # <path:>: a served name may contain "/" (org/model names are common).
+    path("v1/models/<path:model_id>", meta_views.ModelView.as_view(), name="model"),
+    path("models/<path:model_id>", meta_views.ModelView.as_view(), name="model-no-v1"),
     path("v1/chat/completions", views.chat_completions, name="chat-completions"),
+    path("chat/completions", views.chat_completions, name="chat-completions-no-v1"),
+    path("", include("responses_api.urls")),  # /v1/responses, /v1/responses/{id}
     # Operator test hook; answers the JSON 404 unless PANTHEON_DEBUG_ROUTES is on.
     path(
         "admin/debug/simulate-memory-pressure",

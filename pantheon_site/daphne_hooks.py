@@ -22,6 +22,8 @@ serve` and the tests' servers all get it), before Daphne builds its HTTP factory
   `400 Bad Request` (bad request line, bad or too many headers, a bad Content-Length or
   chunked framing) and Daphne's HTML error pages (a non-ASCII path or query string, an
   application that fails) are replaced.
+- Every status line carries its standard reason phrase (`setResponseCode`): Twisted's
+  table lacks 422 and 429 and would write `422 Unknown Status`.
 - Daphne's access log (NCSA lines with the query string: `?api_key=...`) and Twisted's
   (the combined log on `-v 2`) are turned off: pantheon_site.access_log writes ours,
   without query strings. The requests refused here are logged there too.
@@ -69,12 +71,8 @@ def raw_error(status: int, message: str, type_: str, headers=()) -> bytes:
     from inference.errors import error_body
 
     body = json.dumps(error_body(message, type_), separators=(",", ":")).encode()
-    try:
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = "Error"
     lines = [
-        f"HTTP/1.1 {status} {reason}".encode(),
+        b"HTTP/1.1 %d %s" % (status, reason_phrase(status)),
         b"content-type: application/json",
         b"content-length: " + str(len(body)).encode(),
         b"access-control-allow-origin: *",
@@ -82,6 +80,15 @@ def raw_error(status: int, message: str, type_: str, headers=()) -> bytes:
         *(name + b": " + value for name, value in headers),
     ]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def reason_phrase(status: int) -> bytes:
+    """The status line's standard reason phrase (Python's table: Twisted's RESPONSES has no
+    422 or 429 and would send "Unknown Status")."""
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b"Error"
 
 
 def answer_and_close(channel, answer: bytes) -> None:
@@ -290,6 +297,11 @@ def _request_class():
                 getattr(self, "_started", time.perf_counter()),
                 scope.get("pantheon.key"),
             )
+
+        def setResponseCode(self, code, message=None):  # noqa: N802 (Twisted's name)
+            """Every response's status line (Daphne passes no phrase) with its standard
+            reason phrase: `422 Unprocessable Entity`, not `422 Unknown Status`."""
+            super().setResponseCode(code, message or reason_phrase(code))
 
         # Daphne's HTML error page (a non-ASCII path or query, an application that fails)
         def basic_error(self, status, status_text, body):

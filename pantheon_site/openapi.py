@@ -28,7 +28,7 @@ from inference.serializers import (
     TEMPERATURE_RANGE,
 )
 from operators.serializers import NAME_MAX
-from pantheon_site import routes
+from pantheon_site import openapi_meta, routes
 from sessions.views import ESTIMATE_MAX, SESSION_ID_MAX, TOKEN_ID_LIMIT
 
 OPENAPI_VERSION = "3.1.0"
@@ -86,7 +86,8 @@ _ERROR = _object(
                     "key_concurrency_exceeded, key_store_unavailable, request_too_large, "
                     "unsupported_media_type, ...",
                 },
-                "code": _nullable(STRING),
+                # null; llama.cpp's shape on /health's 503 carries the status (503).
+                "code": {"type": ["string", "integer", "null"]},
                 "param": STRING,
             },
             ("message", "type", "code"),
@@ -103,12 +104,14 @@ _CHAT_MESSAGE = _object(
     {
         "role": {
             "type": "string",
-            "enum": ["system", "user", "assistant", "tool"],
-            "description": "A missing role is read as `user`.",
+            "enum": ["system", "developer", "user", "assistant", "tool"],
+            "description": "A missing role is read as `user`; `developer` as `system`. "
+            "Any other role is a 400.",
         },
         "content": {
-            "description": "A string; any other type (e.g. an array of content parts) is "
-            "read as empty.",
+            "description": "A string, or an array of text parts ({type: text, text}). "
+            "Another part (image_url, input_audio, file, ...) is a 400 naming it: no model "
+            "here can take it. Any other type is read as empty.",
         },
         "name": STRING,
         "reasoning_content": {
@@ -1111,6 +1114,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
             )
         },
     }
+    openapi_meta.add_paths(paths)  # /health, /v1/models/{model_id}, the /v1-less aliases
     if debug_routes:
         paths[DEBUG_PATH] = {
             "post": _operation(
@@ -1180,7 +1184,11 @@ def _document(debug_routes: bool) -> dict:
         ],
         "paths": _paths(debug_routes),
         "components": {
-            "schemas": {**_SCHEMAS, "ChatCompletionRequest": _chat_request()},
+            "schemas": {
+                **_SCHEMAS,
+                **openapi_meta.schemas(),
+                "ChatCompletionRequest": _chat_request(),
+            },
             "responses": _responses_components(),
             "securitySchemes": {
                 "bearer": {

@@ -22,8 +22,22 @@ OPEN = "open"  # no key needed
 RESTORE_PATH = "/session/restore"
 SESSION_PATHS = frozenset({RESTORE_PATH, "/session/release", "/session/watch", "/session/estimate"})
 EXPORT_PATH = "/admin/session/export"
-# Bodies that may be large: a chat (long prompts, images later) and a restore (a KV blob).
-LARGE_BODY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", RESTORE_PATH})
+# Bodies that may be large: a conversation (long prompts) in each wire format, with the
+# spellings without /v1 some clients use, and a restore (a KV blob).
+LARGE_BODY_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        RESTORE_PATH,
+    }
+)
+# Open routes (no key): the health checks (GET / and llama.cpp's /health) and this
+# server's OpenAPI document.
+OPEN_PATHS = frozenset({"/", "/health", "/openapi.json"})
 
 MIB = 1024 * 1024
 LARGE_BODY_BYTES = 64 * MIB
@@ -48,7 +62,7 @@ def canonical(path: str) -> str:
 
 def scope_for(path: str) -> str:
     """The scope a request to `path` needs, or OPEN."""
-    if path == "/" or path == "/openapi.json":
+    if path in OPEN_PATHS:
         return OPEN
     if path == "/console" or path.startswith(("/console/", "/static/")):
         return OPEN  # the Django admin: its own login, CSRF and session protections
