@@ -122,9 +122,9 @@ async def test_n_above_eight_is_capped_and_says_so(post_chat, eight_slots):
     assert len(reply["choices"]) == 8 and reply["n_status"] == "capped_to_8"
 
 
-async def test_n_above_the_served_slots_is_partial(post_chat, small):
-    reply = (await post_chat({"messages": HELLO, "max_tokens": 1, "n": 3})).json()
-    assert len(reply["choices"]) == 1 and reply["n_status"] == "partial_slot_unavailable"
+async def test_n_above_the_served_slots_runs_the_choices_in_turn(post_chat, small):
+    reply = (await post_chat({"messages": HELLO, "max_tokens": 2, "n": 3})).json()
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2] and "n_status" not in reply
 
 
 async def test_n_choices_streamed_are_told_apart_by_index(post_chat, eight_slots):
