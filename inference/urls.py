@@ -1,6 +1,7 @@
 from django.urls import include, path
 
 from inference import meta_views, views
+from inference.anthropic import views as anthropic_views
 
 # Exact paths, no trailing-slash variants: anything else is the JSON 404. Some clients
 # leave /v1 out of their base URL: /chat/completions and /models are the same routes.
@@ -14,6 +15,8 @@ urlpatterns = [
     path("models/<path:model_id>", meta_views.ModelView.as_view(), name="model-no-v1"),
     path("v1/chat/completions", views.chat_completions, name="chat-completions"),
     path("chat/completions", views.chat_completions, name="chat-completions-no-v1"),
+    path("v1/messages", anthropic_views.messages, name="anthropic-messages"),
+    path("v1/messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
     path("", include("responses_api.urls")),  # /v1/responses, /v1/responses/{id}
     # Operator test hook; answers the JSON 404 unless PANTHEON_DEBUG_ROUTES is on.
     path(

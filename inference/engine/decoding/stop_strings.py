@@ -12,15 +12,17 @@ class StopStringBuffer:
         self.stops = tuple(s for s in stops if s)
         self.pending = ""
         self.stopped = False
+        self.matched = ""  # the stop string that ended the text (the earliest match)
 
     def push(self, text: str) -> str:
         """Add decoded text; return what is safe to emit now. Sets `stopped` on a match."""
         if not self.stops:
             return text
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stops) if i >= 0]
         if hits:
-            out, self.pending, self.stopped = self.pending[: min(hits)], "", True
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            out, self.pending, self.stopped = self.pending[:at], "", True
             return out
         keep = self._longest_stop_prefix_suffix()
         cut = len(self.pending) - keep

@@ -1,0 +1,1 @@
+"""Anthropic Messages API (/v1/messages) on the chat core."""
