@@ -114,6 +114,7 @@ INSTALLED_APPS = [
     "operators",
     "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
     "access",  # API keys and the browser defences (access/guard.py, an ASGI layer)
+    "responses_api",  # OpenAI Responses API (/v1/responses) and its stored responses
 ]
 
 MIDDLEWARE = [
