@@ -6,6 +6,7 @@ lines and the key/body layers over Daphne are tests/e2e/test_status_lines.py's."
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -84,8 +85,8 @@ def test_retrieve_answers_get_only(http, empty_runtime, method):
 
 
 def test_the_openai_sdk_retrieves_a_model(served):
-    """openai's own client (its URL building, its parsing), in process over WSGI-less
-    httpx transport: the handler is Django's ASGI application."""
+    """openai's own client (its URL building, its parsing) in process: httpx's ASGI
+    transport into Django's ASGI application (over Daphne: tests/e2e/test_status_lines.py)."""
     openai = pytest.importorskip("openai")
     import httpx
     from django.core.asgi import get_asgi_application
@@ -101,8 +102,6 @@ def test_the_openai_sdk_retrieves_a_model(served):
             with pytest.raises(openai.NotFoundError):
                 await sdk.models.retrieve("no-such-model")
             return model
-
-    import asyncio
 
     model = asyncio.run(run())
     assert model.id == MODEL and model.object == "model" and model.owned_by == "pantheon"
