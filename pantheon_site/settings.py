@@ -11,8 +11,8 @@ PANTHEON_CTX_CAP       per-session context cap in tokens (0: the model's, at mos
 PANTHEON_MAX_SESSIONS  how many sessions may hold KV at once (4)
 PANTHEON_MAX_CONCURRENT  requests decoded at once (0: max_sessions)
 PANTHEON_REASONING_BUDGET  reasoning tokens before the think block is closed (0: unbounded)
-PANTHEON_TOOL_GRAMMAR  unset: only tool_choice "required" is grammar-constrained; 1: also a
-                       named function; 0: none
+PANTHEON_TOOL_GRAMMAR  unset: tool_choice "required" and a named function are
+                       grammar-constrained; 1: also "auto"; 0: none
 PANTHEON_NO_THINK      think-style templates: a request without enable_thinking gets a
                        closed (empty) think block instead of an open one (off)
 PANTHEON_MAX_LOADED_MODELS  models loaded at once; one more evicts the least recently used (4)

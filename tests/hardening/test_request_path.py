@@ -30,7 +30,7 @@ from gguf import GGUFReader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference import views
+from inference import chat_http
 from inference.engine.decoding.constraints import (
     VALIDATION_TIMEOUT_S,
     ConstraintPlan,
@@ -359,7 +359,11 @@ async def test_a_30_mb_prompt_is_refused_before_tokenizing(client, served, strea
     assert response.status_code == 422
     error = response.json()["error"]
     assert error["type"] == "context_over_budget" and error["code"] is None
-    assert error["message"].startswith("prompt is at least ")
+    limit = served.services()[NAME].context_window_configured
+    assert error["message"].startswith(
+        f"This model's maximum context length is {limit} tokens. However, your messages "
+        "resulted in at least "
+    )
     if stream:  # the numbers, as a streamed context_over_budget carries them
         assert error["kv_cap"] == served.services()[NAME].context_window_configured
         assert error["kv_used"] > error["kv_cap"]
@@ -375,7 +379,7 @@ async def test_preparing_past_the_deadline_is_413(client, served, smollm2_servic
         return real(*args, **kwargs)
 
     monkeypatch.setattr(smollm2_service, "prepare_chat", slow)
-    monkeypatch.setattr(views, "PREPARE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(chat_http, "PREPARE_TIMEOUT_S", 0.3)
     try:
         response = await post(client, {"messages": HELLO, "max_tokens": 1})
     finally:
@@ -391,8 +395,8 @@ async def test_no_free_preparer_before_the_deadline_is_429(client, served, monke
     busy = ThreadPoolExecutor(1)
     release = threading.Event()
     busy.submit(release.wait, 10)
-    monkeypatch.setattr(views, "_prepare_pool", busy)
-    monkeypatch.setattr(views, "PREPARE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(chat_http, "_prepare_pool", busy)
+    monkeypatch.setattr(chat_http, "PREPARE_TIMEOUT_S", 0.3)
     try:
         response = await post(client, {"messages": HELLO, "max_tokens": 1})
     finally:

@@ -26,6 +26,7 @@ from .state import DecodeState
 from .stop_strings import StopStringBuffer
 
 FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
 FINISH_REPETITION = "repetition_loop"
 FINISH_TOOL_CALLS = "tool_calls"
 APPLIED_STATUSES = ("applied", "schema_downgraded")
@@ -131,7 +132,10 @@ class ChoiceOutput:
         )
 
     def finish_reason(self, reason: str) -> str:
-        """`tool_calls` when a call was parsed (a loop still outranks it)."""
+        """`tool_calls` when a call was parsed (a loop still outranks it, and so does the
+        token limit cutting a later call: its start was streamed, the answer keeps it)."""
+        if reason == FINISH_LENGTH and any(e.code == "incomplete_call" for e in self.call_errors):
+            return reason
         if reason != FINISH_REPETITION and self.parsed_calls:
             return FINISH_TOOL_CALLS
         return reason
