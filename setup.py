@@ -19,6 +19,7 @@ CPU_SOURCES = [
     "kernels/cpu/ops.c",
     "kernels/cpu/pool.c",
     "kernels/cpu/prefill.c",
+    "kernels/cpu/decode.c",
 ]
 CPU_HEADERS = [
     "kernels/cpu/quants.h",
@@ -26,6 +27,7 @@ CPU_HEADERS = [
     "kernels/cpu/ops.h",
     "kernels/cpu/pool.h",
     "kernels/cpu/prefill.h",
+    "kernels/cpu/decode.h",
 ]
 
 setup(

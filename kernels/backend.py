@@ -19,7 +19,7 @@ tokens, never shared with another request) may use a shape-dependent GEMM.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -160,6 +160,14 @@ class Backend(ABC):
         """One new position per row: row b writes k[b], v[b] at positions[b] of slots[b]
         and attends over that slot's own positions. Returns (B, H * Dh); each row
         computed exactly as alone."""
+
+    def decode_stack(self, layers: Sequence, hp, spec) -> Callable | None:
+        """Optionally, the whole layer stack of a decode step as one compiled call:
+        `run(x, slots, positions, kv)` updates x (B, D) through every layer in place, with
+        the bits of the per-op path (`DecoderModel.block`). None (the default): the model
+        runs the per-op path. `layers`: the model's LayerWeights; hp, spec: its HParams and
+        ArchSpec."""
+        return None
 
     # ---- results ----
 

@@ -15,6 +15,8 @@ model reports which (`DecoderModel.fallback_types`).
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +26,9 @@ from . import threads
 from .backend import BLOCKS, DENSE
 from .numpy_backend import NumpyBackend
 from .weights import STACK, Weight
+
+# The compiled activations of the gated FFN (kernels/cpu/decode.h).
+GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 # Prompt chunks at most this long go through the decode kernel (no dequantised tile).
 PREFILL_DIRECT_ROWS = 4
@@ -121,6 +126,15 @@ class CpuBackend(NumpyBackend):
         self.ext.rms_norm(x2, weight, float(eps), out)
         return out.reshape(shape)
 
+    def glu(self, gate_up, d_ff: int, activation: str):
+        # Compiled (not numpy's exp/tanh), so the fused decode step's bits are these.
+        gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+        out = np.empty((gate_up.shape[0], d_ff), dtype=np.float32)
+        if gate_up.shape[1] != 2 * d_ff:
+            raise ValueError(f"glu: gate_up has {gate_up.shape[1]} columns, not 2 x {d_ff}")
+        self.ext.glu(gate_up, GLU_ACTIVATIONS[activation], out)
+        return out
+
     def rope(self, x, positions, table, neox: bool):
         out = np.array(x, dtype=np.float32, order="C")  # rotated in place: a fresh copy
         pos = np.ascontiguousarray(positions, dtype=np.int64)
@@ -157,3 +171,73 @@ class CpuBackend(NumpyBackend):
         )
         kv.note_written(where[0], where[1] + 1)
         return out
+
+    # ---- the fused decode step ----
+
+    def decode_stack(self, layers, hp, spec):
+        """Every layer of a decode step in one C call (kernels/cpu/decode.c), bitwise the
+        per-op path above; None where a layer has what that call does not do (partial
+        RoPE, an activation it lacks)."""
+        if os.environ.get("PANTHEON_CPU_FUSED_DECODE", "1") == "0":
+            return None  # the per-op path, for A/B measurements
+        if spec.activation not in GLU_ACTIVATIONS or not layers:
+            return None
+        for layer in layers:
+            if layer.rope.cos.shape[1] * 2 != hp.head_dim:
+                return None
+            if (layer.attn_q_norm is None) != (layer.attn_k_norm is None):
+                return None
+        keep: list = []
+
+        def vector(v):
+            if v is None:
+                return None
+            v = np.ascontiguousarray(v, dtype=np.float32)
+            keep.append(v)
+            return v
+
+        def matrix(w: Weight):
+            keep.append(w)
+            return [(part.meta["kid"], part.data, col0) for col0, part in self._parts(w)]
+
+        rows = [
+            (
+                vector(layer.attn_norm),
+                vector(layer.ffn_norm),
+                vector(layer.attn_qkv_bias),
+                vector(layer.attn_q_norm),
+                vector(layer.attn_k_norm),
+                vector(layer.post_attention_norm),
+                vector(layer.post_ffw_norm),
+                vector(layer.rope.cos),
+                vector(layer.rope.sin),
+                int(layer.window),
+                matrix(layer.attn_qkv),
+                matrix(layer.attn_output),
+                matrix(layer.ffn_gate_up),
+                matrix(layer.ffn_down),
+            )
+            for layer in layers
+        ]
+        dims = (
+            hp.d_model,
+            hp.n_head,
+            hp.n_kv_head,
+            hp.head_dim,
+            hp.d_ff,
+            float(hp.eps),
+            1.0 / math.sqrt(hp.head_dim),
+            float(spec.attn_softcap),
+            bool(spec.neox_rope),
+            GLU_ACTIVATIONS[spec.activation],
+        )
+        plan = self.ext.decode_plan(dims, rows, keep)
+        ext = self.ext
+
+        def run(x, slots, positions, kv) -> None:
+            slots = np.ascontiguousarray(slots, dtype=np.int64)
+            positions = np.ascontiguousarray(positions, dtype=np.int64)
+            ext.decode_layers(plan, x, slots, positions, kv.k, kv.v)
+            kv.note_written(slots, positions + 1)
+
+        return run

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "decode.h"
 #include "ops.h"
 #include "prefill.h"
 #include "quants.h"
@@ -593,6 +594,302 @@ done:
     return ret;
 }
 
+/* ------------------------------------------------------------------ fused decode step */
+
+/* glu(gate_up, act, out): out (n, F) = act(gate_up[:, :F]) * gate_up[:, F:]; act 0 silu,
+ * 1 gelu_tanh. The per-op path's activation, the same code as the fused step's. */
+static PyObject *py_glu(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"gate_up", "act", "out", NULL};
+    PyObject *og, *oo;
+    int act;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OiO:glu", kwlist, &og, &act, &oo))
+        return NULL;
+    Buf g = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get(og, &g, "gate_up", 2, F32, 0) || get(oo, &o, "out", 2, F32, 1))
+        goto done;
+    const Py_ssize_t n = dim(&g, 0), F = dim(&g, 1) / 2;
+    if (act != ACT_SILU && act != ACT_GELU_TANH) {
+        PyErr_Format(PyExc_ValueError, "glu: act must be 0 (silu) or 1 (gelu_tanh), got %d", act);
+        goto done;
+    }
+    if (dim(&g, 1) % 2 != 0 || dim(&o, 0) != n || dim(&o, 1) != F || overlap(&g, &o)) {
+        PyErr_Format(PyExc_ValueError,
+                     "glu: gate_up must be (n, 2F) and out a separate (n, F) = (%zd, %zd)", n, F);
+        goto done;
+    }
+    {
+        Py_BEGIN_ALLOW_THREADS;
+        cpu_glu((const float *)g.v.buf, n, F, act, (float *)o.v.buf);
+        Py_END_ALLOW_THREADS;
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(&g);
+    release(&o);
+    return ret;
+}
+
+/* A compiled plan: the layers' pointers, and the Python objects that own that memory
+ * (held until the plan is dropped). */
+typedef struct {
+    dec_model model;
+    PyObject *keep;
+} DecodePlan;
+
+static const char *PLAN_NAME = "kernels._cpu.decode_plan";
+
+static void plan_free(PyObject *capsule) {
+    DecodePlan *p = PyCapsule_GetPointer(capsule, PLAN_NAME);
+    if (p == NULL)
+        return;
+    free(p->model.layers);
+    Py_XDECREF(p->keep);
+    free(p);
+}
+
+/* The pointer of a float32 vector of n values (None -> NULL when optional). */
+static int plan_vector(PyObject *o, const char *name, Py_ssize_t n, int optional,
+                       const float **out) {
+    *out = NULL;
+    if (o == Py_None && optional)
+        return 0;
+    Buf b = {0};
+    if (get(o, &b, name, 1, F32, 0))
+        return -1;
+    if (dim(&b, 0) != n) {
+        PyErr_Format(PyExc_ValueError, "decode_plan: %s must have %zd values, got %zd", name, n,
+                     dim(&b, 0));
+        release(&b);
+        return -1;
+    }
+    *out = (const float *)b.v.buf;
+    release(&b); /* the plan's `keep` list holds the array */
+    return 0;
+}
+
+/* A matrix from a list of (qtype, blocks (rows, row_bytes), col0) parts that tile its N
+ * output rows, each row holding K values. */
+static int plan_matrix(PyObject *o, const char *name, Py_ssize_t N, Py_ssize_t K,
+                       dec_matrix *m) {
+    PyObject *seq = PySequence_Fast(o, "decode_plan: a matrix must be a list of parts");
+    if (seq == NULL)
+        return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int rc = -1;
+    if (n < 1 || n > DECODE_MAX_PARTS) {
+        PyErr_Format(PyExc_ValueError, "decode_plan: %s must have 1..%d parts, got %zd", name,
+                     DECODE_MAX_PARTS, n);
+        goto done;
+    }
+    m->n_parts = (int)n;
+    m->N = N;
+    m->K = K;
+    Py_ssize_t next = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int qt;
+        PyObject *ow;
+        Py_ssize_t col0;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iOn", &qt, &ow, &col0))
+            goto done;
+        Buf w = {0};
+        if (get(ow, &w, name, 2, ANY, 0))
+            goto done;
+        const Py_ssize_t rows = dim(&w, 0), row_bytes = dim(&w, 1) * w.v.itemsize;
+        const Py_ssize_t kw = row_values(qt, row_bytes);
+        m->part[i] = (dec_part){qt, (const uint8_t *)w.v.buf, (size_t)row_bytes, rows, col0};
+        release(&w);
+        if (kw < 0)
+            goto done;
+        if (kw != K || col0 != next || rows < 1) {
+            PyErr_Format(PyExc_ValueError,
+                         "decode_plan: %s part %zd must hold rows %zd.. of K=%zd values, got "
+                         "col0=%zd, %zd rows of %zd",
+                         name, i, next, K, col0, rows, kw);
+            goto done;
+        }
+        next += rows;
+    }
+    if (next != N) {
+        PyErr_Format(PyExc_ValueError, "decode_plan: %s parts hold %zd rows, need %zd", name,
+                     next, N);
+        goto done;
+    }
+    rc = 0;
+done:
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* decode_plan(dims, layers, keep) -> plan. dims: (D, H, Hkv, Dh, F, eps, scale, softcap,
+ * neox, act). layers: a tuple per layer, (attn_norm, ffn_norm, qkv_bias, q_norm, k_norm,
+ * post_attention_norm, post_ffw_norm, cos, sin, window, qkv, out, gate_up, down), the
+ * optional vectors None when absent, each matrix a list of (qtype, blocks, col0). keep:
+ * any object holding every array the layers name (the plan keeps a reference). */
+static PyObject *py_decode_plan(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *odims, *olayers, *keep;
+    if (!PyArg_ParseTuple(args, "OOO:decode_plan", &odims, &olayers, &keep))
+        return NULL;
+    dec_model mdl = {0};
+    Py_ssize_t D, H, Hkv, Dh, F;
+    double eps, scale, softcap;
+    int neox, act;
+    if (!PyArg_ParseTuple(odims, "nnnnndddpi", &D, &H, &Hkv, &Dh, &F, &eps, &scale, &softcap,
+                          &neox, &act))
+        return NULL;
+    if (D < 1 || H < 1 || Hkv < 1 || H % Hkv || Dh < 2 || Dh % 2 || F < 1 || !(softcap >= 0) ||
+        (act != ACT_SILU && act != ACT_GELU_TANH)) {
+        PyErr_SetString(PyExc_ValueError, "decode_plan: bad dims");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(olayers, "decode_plan: layers must be a list");
+    if (seq == NULL)
+        return NULL;
+    const Py_ssize_t n_layer = PySequence_Fast_GET_SIZE(seq);
+    mdl = (dec_model){(int)n_layer, NULL, D, H, Hkv, Dh, F, (float)eps, (float)scale,
+                      (float)softcap, neox, act};
+    mdl.layers = calloc(n_layer > 0 ? (size_t)n_layer : 1, sizeof(dec_layer));
+    if (mdl.layers == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    const Py_ssize_t Dq = H * Dh, Nqkv = Dq + 2 * Hkv * Dh;
+    for (Py_ssize_t li = 0; li < n_layer; li++) {
+        dec_layer *L = &mdl.layers[li];
+        PyObject *an, *fn, *bias, *qn, *kn, *pan, *pfn, *oc, *os, *oqkv, *oout, *ogu, *odown;
+        Py_ssize_t window;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, li), "OOOOOOOOOnOOOO", &an, &fn,
+                              &bias, &qn, &kn, &pan, &pfn, &oc, &os, &window, &oqkv, &oout, &ogu,
+                              &odown))
+            goto fail;
+        if (plan_vector(an, "attn_norm", D, 0, &L->attn_norm) ||
+            plan_vector(fn, "ffn_norm", D, 0, &L->ffn_norm) ||
+            plan_vector(bias, "qkv_bias", Nqkv, 1, &L->qkv_bias) ||
+            plan_vector(qn, "q_norm", Dh, 1, &L->q_norm) ||
+            plan_vector(kn, "k_norm", Dh, 1, &L->k_norm) ||
+            plan_vector(pan, "post_attention_norm", D, 1, &L->post_attention_norm) ||
+            plan_vector(pfn, "post_ffw_norm", D, 1, &L->post_ffw_norm))
+            goto fail;
+        if ((L->q_norm == NULL) != (L->k_norm == NULL)) {
+            PyErr_SetString(PyExc_ValueError, "decode_plan: q_norm and k_norm go together");
+            goto fail;
+        }
+        Buf c = {0}, s = {0};
+        if (get(oc, &c, "cos", 2, F32, 0) || get(os, &s, "sin", 2, F32, 0)) {
+            release(&c);
+            goto fail;
+        }
+        const int table_ok = dim(&c, 1) == Dh / 2 && same_shape(&s, 2, c.v.shape);
+        L->cos = (const float *)c.v.buf;
+        L->sin = (const float *)s.v.buf;
+        L->n_pos = dim(&c, 0);
+        release(&c);
+        release(&s);
+        if (!table_ok) {
+            PyErr_Format(PyExc_ValueError, "decode_plan: cos/sin must be (n_pos, %zd)", Dh / 2);
+            goto fail;
+        }
+        L->window = window;
+        if (plan_matrix(oqkv, "qkv", Nqkv, D, &L->qkv) || plan_matrix(oout, "out", D, Dq, &L->out) ||
+            plan_matrix(ogu, "gate_up", 2 * F, D, &L->gate_up) ||
+            plan_matrix(odown, "down", D, F, &L->down))
+            goto fail;
+    }
+    Py_DECREF(seq);
+    DecodePlan *plan = malloc(sizeof(DecodePlan));
+    if (plan == NULL) {
+        free(mdl.layers);
+        return PyErr_NoMemory();
+    }
+    plan->model = mdl;
+    plan->keep = keep;
+    Py_INCREF(keep);
+    PyObject *cap = PyCapsule_New(plan, PLAN_NAME, plan_free);
+    if (cap == NULL) {
+        Py_DECREF(keep);
+        free(mdl.layers);
+        free(plan);
+    }
+    return cap;
+fail:
+    Py_DECREF(seq);
+    free(mdl.layers);
+    return NULL;
+}
+
+/* decode_layers(plan, x, slots, positions, kcache, vcache): x (B, D) in place through
+ * every layer of the plan (cpu_decode_layers). */
+static PyObject *py_decode_layers(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ocap, *ox, *os, *op, *okc, *ovc;
+    if (!PyArg_ParseTuple(args, "OOOOOO:decode_layers", &ocap, &ox, &os, &op, &okc, &ovc))
+        return NULL;
+    DecodePlan *plan = PyCapsule_GetPointer(ocap, PLAN_NAME);
+    if (plan == NULL)
+        return NULL;
+    const dec_model *m = &plan->model;
+    Buf x = {0}, s = {0}, p = {0}, kc = {0}, vc = {0};
+    PyObject *ret = NULL;
+    if (get(ox, &x, "x", 2, F32, 1) || get(os, &s, "slots", 1, I64, 0) ||
+        get(op, &p, "positions", 1, I64, 0) || get(okc, &kc, "kcache", 5, F32, 1) ||
+        get(ovc, &vc, "vcache", 5, F32, 1))
+        goto done;
+    const Py_ssize_t B = dim(&x, 0);
+    if (dim(&x, 1) != m->D || dim(&s, 0) != B || dim(&p, 0) != B) {
+        PyErr_Format(PyExc_ValueError,
+                     "decode_layers: x must be (B, %lld) and slots, positions (B,)",
+                     (long long)m->D);
+        goto done;
+    }
+    const Py_ssize_t n_slots = dim(&kc, 1), n_ctx = dim(&kc, 3);
+    if (dim(&kc, 0) < m->n_layer || dim(&kc, 2) != m->Hkv || dim(&kc, 4) != m->Dh ||
+        !same_shape(&vc, 5, kc.v.shape) || kc.v.buf == vc.v.buf || overlap(&x, &kc) ||
+        overlap(&x, &vc)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "decode_layers: kcache and vcache must be two separate (n_layer, n_slots, "
+                        "Hkv, n_ctx, Dh) arrays of the plan's shape");
+        goto done;
+    }
+    const int64_t *sl = (const int64_t *)s.v.buf, *pos = (const int64_t *)p.v.buf;
+    for (Py_ssize_t b = 0; b < B; b++) {
+        int64_t n_pos = n_ctx;
+        for (int li = 0; li < m->n_layer; li++)
+            if (m->layers[li].n_pos < n_pos)
+                n_pos = m->layers[li].n_pos;
+        if (sl[b] < 0 || sl[b] >= n_slots || pos[b] < 0 || pos[b] >= n_pos) {
+            PyErr_Format(PyExc_ValueError,
+                         "decode_layers: row %zd at slot %lld, position %lld: outside the cache "
+                         "(%zd slots) or the window (%lld positions)",
+                         b, (long long)sl[b], (long long)pos[b], n_slots, (long long)n_pos);
+            goto done;
+        }
+    }
+    {
+        const int isa = g_isa, nt = g_threads;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS;
+        rc = cpu_decode_layers(isa, nt, m, (float *)x.v.buf, B, sl, pos, (float *)kc.v.buf,
+                               (float *)vc.v.buf, n_slots, n_ctx);
+        Py_END_ALLOW_THREADS;
+        if (rc != 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(&x);
+    release(&s);
+    release(&p);
+    release(&kc);
+    release(&vc);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"isa", py_isa, METH_NOARGS, "isa() -> 'avx512' | 'avx2' | 'generic': the kernels in use."},
     {"set_isa", py_set_isa, METH_O,
@@ -630,6 +927,15 @@ static PyMethodDef methods[] = {
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,
      "rope(x, positions, cos, sin, neox): rotate x (n, H, Dh) in place; cos/sin\n"
      "(n_pos, Dh / 2); neox: halves (qwen) instead of adjacent pairs (llama)."},
+    {"glu", (PyCFunction)(void (*)(void))py_glu, METH_VARARGS | METH_KEYWORDS,
+     "glu(gate_up, act, out): out (n, F) = act(gate_up[:, :F]) * gate_up[:, F:];\n"
+     "act 0 silu, 1 gelu_tanh."},
+    {"decode_plan", py_decode_plan, METH_VARARGS,
+     "decode_plan(dims, layers, keep) -> plan: a decoder stack's weights, checked once, for\n"
+     "decode_layers (see kernels/cpu_backend.py's decode_stack for the shapes)."},
+    {"decode_layers", py_decode_layers, METH_VARARGS,
+     "decode_layers(plan, x, slots, positions, kcache, vcache): one decode step of every\n"
+     "layer for x (B, D) in place, bitwise the per-op kernels' result."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu",

@@ -195,6 +195,9 @@ class DecoderModel:
         # Tensor types dequantised at load because the backend has no kernel for them
         # (the reference numpy backend dequantises everything by design: not a fallback).
         self.fallback_types = {} if be.name == "numpy" else dict(source.fallback)
+        # The whole decode stack as one compiled call where the backend has one (bitwise
+        # the per-op `block`; tests compare the two), else None.
+        self.decode_stack = be.decode_stack(self.layers, hp, spec)
 
     # ---- what the service asks of a model ----
 
@@ -242,7 +245,13 @@ class DecoderModel:
         if len(pos) and (pos.max() >= kv.n_ctx or pos.max() >= len(self.rope_tables[0])):
             raise ValueError(f"position {pos.max()} exceeds the KV window {kv.n_ctx}")
         step = Decode(self.backend, kv, slots, pos)
-        return self._logits(self._layers(self._embed(tokens), step), step)
+        x = self._embed(tokens)
+        if self.decode_stack is None:
+            x = self._layers(x, step)
+        else:
+            x = np.array(x, dtype=np.float32, order="C")  # updated in place
+            self.decode_stack(x, slots, pos, kv)
+        return self._logits(x, step)
 
     # ---- the shared block ----
 
