@@ -28,7 +28,7 @@ from inference.serializers import (
     TEMPERATURE_RANGE,
 )
 from operators.serializers import NAME_MAX
-from pantheon_site import openapi_meta, routes
+from pantheon_site import openapi_meta, openapi_responses, routes
 from sessions.views import ESTIMATE_MAX, SESSION_ID_MAX, TOKEN_ID_LIMIT
 
 OPENAPI_VERSION = "3.1.0"
@@ -1115,6 +1115,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
         },
     }
     openapi_meta.add_paths(paths)  # /health, /v1/models/{model_id}, the /v1-less aliases
+    openapi_responses.add_paths(paths)  # /v1/responses, /v1/responses/{response_id}
     if debug_routes:
         paths[DEBUG_PATH] = {
             "post": _operation(
@@ -1187,6 +1188,7 @@ def _document(debug_routes: bool) -> dict:
             "schemas": {
                 **_SCHEMAS,
                 **openapi_meta.schemas(),
+                **openapi_responses.schemas(),
                 "ChatCompletionRequest": _chat_request(),
             },
             "responses": _responses_components(),

@@ -11,6 +11,7 @@ the reasoning item are closed at the finish, in that order.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 
@@ -21,8 +22,16 @@ from inference.engine.types import FinishEvent, TokenEvent, Usage
 INCOMPLETE = {"length": "max_output_tokens"}
 
 
+ID_HEX = 24  # random bytes in an id, written as hex
+
+
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(24)}"
+    return f"{prefix}_{secrets.token_hex(ID_HEX)}"
+
+
+def is_response_id(value: str) -> bool:
+    """Whether `value` is shaped like the ids new_id("resp") makes."""
+    return re.fullmatch(f"resp_[0-9a-f]{{{2 * ID_HEX}}}", value) is not None
 
 
 def usage_json(usage: Usage) -> dict:

@@ -43,7 +43,7 @@ from inference.errors import (
 from inference.serializers import IDENTIFIER_MAX, parse_json_object
 from inference.sse import EventStreamResponse
 from responses_api.models import StoredResponse
-from responses_api.render import ResponseBuilder, new_id, sse_event
+from responses_api.render import ResponseBuilder, is_response_id, new_id, sse_event
 from responses_api.wire import ResponsesRequest, parse_request
 from sessions import tenancy
 
@@ -343,7 +343,10 @@ def _not_found(response_id: str, param: str | None = None) -> ApiError:
 
 
 async def _stored(namespace: str, response_id: str, param: str | None = None) -> StoredResponse:
-    """The caller's stored response `response_id`, or 404: another key's is not found."""
+    """The caller's stored response `response_id`, or 404: another key's is not found
+    (nor is an id this server never makes, without asking the database)."""
+    if not is_response_id(response_id):
+        raise _not_found(response_id, param)
     stored = await _db(_find, namespace, response_id)
     if stored is None:
         raise _not_found(response_id, param)
@@ -362,7 +365,7 @@ async def response_detail(request: HttpRequest, response_id: str) -> HttpRespons
         namespace = tenancy.namespace(request)
         if request.method == "GET":
             return json_response((await _stored(namespace, response_id)).body)
-        if not await _db(_delete, namespace, response_id):
+        if not is_response_id(response_id) or not await _db(_delete, namespace, response_id):
             raise _not_found(response_id)
         return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
     except Exception as exc:

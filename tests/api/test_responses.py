@@ -164,6 +164,9 @@ async def test_unknown_ids_are_404_and_other_methods_405(app):
     reply = await call(app, "GET", RESPONSES + "/resp_nope")
     assert "resp_nope" in reply.error(404, "invalid_request_error")
     (await call(app, "DELETE", RESPONSES + "/resp_nope")).error(404, "invalid_request_error")
+    never = "resp_" + "0" * 48  # shaped like ours: looked up, and not there
+    (await call(app, "GET", f"{RESPONSES}/{never}")).error(404, "invalid_request_error")
+    (await call(app, "DELETE", f"{RESPONSES}/{never}")).error(404, "invalid_request_error")
     reply = await call(app, "POST", RESPONSES, body=greedy(previous_response_id="resp_nope"))
     reply.error(404, "invalid_request_error")
     assert reply.json()["error"]["param"] == "previous_response_id"

@@ -17,13 +17,18 @@ CHAT_PATH = "/v1/chat/completions"
 MAX_TOKENS = 4
 
 
+# The routes that generate, and the field that bounds their answer.
+MAX_TOKENS_FIELD = {CHAT_PATH: "max_tokens", "/v1/responses": "max_output_tokens"}
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
-    if case.operation.path != CHAT_PATH or not isinstance(case.body, dict):
+    field = MAX_TOKENS_FIELD.get(case.operation.path)
+    if field is None or not isinstance(case.body, dict):
         return
-    value = case.body.get("max_tokens")
+    value = case.body.get(field)
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        case.body["max_tokens"] = max(1, min(MAX_TOKENS, value or MAX_TOKENS))
+        case.body[field] = max(1, min(MAX_TOKENS, value or MAX_TOKENS))
 
 
 @schemathesis.hook

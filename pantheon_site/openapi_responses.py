@@ -1,0 +1,341 @@
+"""The OpenAPI pieces of the OpenAI Responses routes (responses_api): POST /v1/responses,
+GET and DELETE /v1/responses/{response_id}. The bounds are responses_api.wire's.
+
+pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from inference.serializers import IDENTIFIER_MAX
+from responses_api.wire import (
+    EFFORT_BUDGETS,
+    INPUT_ROLES,
+    METADATA_KEY_MAX,
+    METADATA_MAX_PAIRS,
+    METADATA_VALUE_MAX,
+    TEMPERATURE_MAX,
+)
+
+RESPONSES_PATH = "/v1/responses"
+RESPONSE_PATH = "/v1/responses/{response_id}"
+
+
+def _texts() -> dict:
+    """A message's content: a string or text parts (input_text, output_text, refusal)."""
+    from pantheon_site.openapi import STRING, _object
+
+    part = _object(
+        {
+            "type": {"enum": ["input_text", "output_text", "text", "refusal"]},
+            "text": STRING,
+            "refusal": STRING,
+        },
+        ("type",),
+        description="Text. input_image, input_file and input_audio parts are refused "
+        "(400 naming the part): no loaded model reads them.",
+    )
+    return {"anyOf": [STRING, {"type": "array", "items": part}]}
+
+
+def schemas() -> dict:
+    from pantheon_site.openapi import (
+        BOOL,
+        INT64,
+        NON_NEGATIVE,
+        NUMBER,
+        STRING,
+        _nullable,
+        _object,
+        _ref,
+    )
+
+    ident = {"type": "string", "maxLength": IDENTIFIER_MAX}
+    message_item = _object(
+        {
+            "type": {"const": "message"},
+            "role": {"enum": list(INPUT_ROLES), "description": "developer is read as system."},
+            "content": _texts(),
+        },
+        ("role", "content"),
+    )
+    function_call_item = _object(
+        {
+            "type": {"const": "function_call"},
+            "call_id": {**ident, "minLength": 1},
+            "name": {**ident, "minLength": 1},
+            "arguments": {"type": "string", "description": "The arguments as JSON text."},
+        },
+        ("type", "call_id", "name", "arguments"),
+    )
+    function_output_item = _object(
+        {
+            "type": {"const": "function_call_output"},
+            "call_id": {**ident, "minLength": 1},
+            "output": _texts(),
+        },
+        ("type", "call_id", "output"),
+    )
+    reasoning_item = _object(
+        {
+            "type": {"const": "reasoning"},
+            "content": {
+                "type": "array",
+                "items": _object({"type": STRING, "text": STRING}, ("text",)),
+            },
+        },
+        ("type",),
+        description="Its text becomes the next assistant turn's reasoning.",
+    )
+    function_tool = _object(
+        {
+            "type": {"const": "function"},
+            "name": {"type": "string", "minLength": 1},
+            "description": _nullable(STRING),
+            "parameters": _nullable({"type": "object"}),
+            "strict": _nullable(BOOL),
+        },
+        ("type", "name"),
+        description="A function tool (Responses' flat shape). Other tool types are 400.",
+    )
+    text_format = {
+        "anyOf": [
+            _object({"type": {"enum": ["text", "json_object"]}}, ("type",)),
+            _object(
+                {
+                    "type": {"const": "json_schema"},
+                    "name": {"type": "string", "minLength": 1, "maxLength": 64},
+                    "schema": {"type": "object"},
+                    "strict": _nullable(BOOL),
+                    "description": _nullable(STRING),
+                },
+                ("type", "name", "schema"),
+            ),
+        ]
+    }
+    request = _object(
+        {
+            "model": _nullable(
+                {**ident, "description": "Served name or alias; with one model any value."}
+            ),
+            "input": {
+                "anyOf": [
+                    STRING,
+                    {
+                        "type": "array",
+                        "maxItems": settings.PANTHEON_MAX_MESSAGES,
+                        "items": {
+                            "anyOf": [
+                                message_item,
+                                function_call_item,
+                                function_output_item,
+                                reasoning_item,
+                            ]
+                        },
+                    },
+                ],
+                "description": "Required unless previous_response_id is given.",
+            },
+            "instructions": _nullable(
+                {"type": "string", "description": "A system message; not carried over."}
+            ),
+            "tools": _nullable(
+                {"type": "array", "maxItems": settings.PANTHEON_MAX_TOOLS, "items": function_tool}
+            ),
+            "tool_choice": _nullable(
+                {
+                    "anyOf": [
+                        {"enum": ["auto", "none", "required"]},
+                        _object({"type": {"const": "function"}, "name": STRING}, ("type", "name")),
+                    ]
+                }
+            ),
+            "text": _nullable(
+                _object(
+                    {
+                        "format": _nullable(text_format),
+                        "verbosity": _nullable({"enum": ["low", "medium", "high"]}),
+                    }
+                )
+            ),
+            "reasoning": _nullable(
+                _object(
+                    {
+                        "effort": _nullable(
+                            {
+                                "enum": list(EFFORT_BUDGETS),
+                                "description": "none/minimal: no thinking; low 512, medium "
+                                "2048, high 8192, xhigh 16384 reasoning tokens; max: no "
+                                "budget (think-style templates only).",
+                            }
+                        ),
+                        "summary": _nullable({"enum": ["auto", "concise", "detailed"]}),
+                    }
+                )
+            ),
+            "temperature": _nullable({"type": "number", "minimum": 0, "maximum": TEMPERATURE_MAX}),
+            "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "max_output_tokens": _nullable({**INT64, "minimum": 1, "description": "Default 1024."}),
+            "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 20}),
+            "seed": _nullable(INT64),
+            "store": _nullable({"type": "boolean", "description": "Default true."}),
+            "stream": _nullable(BOOL),
+            "parallel_tool_calls": _nullable(BOOL),
+            "previous_response_id": _nullable(ident),
+            "prompt_cache_key": _nullable(
+                {**ident, "description": "The session id (prefix cache) to run under."}
+            ),
+            "session_id": _nullable(ident),
+            "metadata": _nullable(
+                {
+                    "type": "object",
+                    "maxProperties": METADATA_MAX_PAIRS,
+                    "propertyNames": {"maxLength": METADATA_KEY_MAX},
+                    "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX},
+                }
+            ),
+            "background": _nullable({"const": False}),
+        },
+        additionalProperties=True,
+    )
+    output_text = _object(
+        {"type": {"const": "output_text"}, "text": STRING, "annotations": {"type": "array"}},
+        ("type", "text", "annotations"),
+    )
+    item_status = {"enum": ["in_progress", "completed", "incomplete"]}
+    output_item = {
+        "anyOf": [
+            _object(
+                {
+                    "id": STRING,
+                    "type": {"const": "message"},
+                    "role": {"const": "assistant"},
+                    "status": item_status,
+                    "content": {"type": "array", "items": output_text},
+                },
+                ("id", "type", "role", "status", "content"),
+            ),
+            _object(
+                {
+                    "id": STRING,
+                    "type": {"const": "function_call"},
+                    "call_id": STRING,
+                    "name": STRING,
+                    "arguments": STRING,
+                    "status": item_status,
+                },
+                ("id", "type", "call_id", "name", "arguments", "status"),
+            ),
+            _object(
+                {
+                    "id": STRING,
+                    "type": {"const": "reasoning"},
+                    "summary": {"type": "array"},
+                    "content": {"type": "array"},
+                    "status": item_status,
+                },
+                ("id", "type", "summary"),
+            ),
+        ]
+    }
+    usage = _object(
+        {
+            "input_tokens": NON_NEGATIVE,
+            "input_tokens_details": _object(
+                {"cached_tokens": NON_NEGATIVE, "cache_write_tokens": NON_NEGATIVE},
+                ("cached_tokens",),
+            ),
+            "output_tokens": NON_NEGATIVE,
+            "output_tokens_details": _object(
+                {"reasoning_tokens": NON_NEGATIVE}, ("reasoning_tokens",)
+            ),
+            "total_tokens": NON_NEGATIVE,
+        },
+        ("input_tokens", "input_tokens_details", "output_tokens", "total_tokens"),
+    )
+    response = _object(
+        {
+            "id": STRING,
+            "object": {"const": "response"},
+            "created_at": NUMBER,
+            "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]},
+            "incomplete_details": _nullable(
+                _object({"reason": {"const": "max_output_tokens"}}, ("reason",))
+            ),
+            "model": STRING,
+            "output": {"type": "array", "items": output_item},
+            "usage": _nullable(usage),
+            "previous_response_id": _nullable(STRING),
+            "instructions": _nullable(STRING),
+            "store": BOOL,
+            "metadata": {"type": "object"},
+        },
+        ("id", "object", "created_at", "status", "model", "output"),
+    )
+    return {
+        "ResponsesRequest": request,
+        "Response": response,
+        "ResponseDeleted": _object(
+            {"id": STRING, "object": {"const": "response.deleted"}, "deleted": {"const": True}},
+            ("id", "object", "deleted"),
+        ),
+        "ResponseStreamEvent": _object(
+            {"type": STRING, "sequence_number": NON_NEGATIVE, "response": _ref("Response")},
+            ("type", "sequence_number"),
+        ),
+    }
+
+
+def add_paths(paths: dict[str, dict]) -> None:
+    """Add the Responses routes to `paths` (before openapi.py adds the layers' errors
+    and the preflights)."""
+    from pantheon_site.openapi import JSON, SSE, _ok, _operation, _ref, _session_header
+
+    paths[RESPONSES_PATH] = {
+        "post": _operation(
+            RESPONSES_PATH,
+            "createResponse",
+            "OpenAI Responses API: a response (JSON), or (stream: true) its events "
+            "(`event: <type>` and `data: {type, sequence_number, ...}`: response.created "
+            "... response.completed or response.incomplete; an `error` event and "
+            "response.failed when generation fails after the stream opened). Stored "
+            "(store: true, the default) for GET and previous_response_id.",
+            {
+                "description": "The response, or its event stream.",
+                "content": {
+                    JSON: {"schema": _ref("Response")},
+                    SSE: {"schema": {"type": "string"}},
+                },
+            },
+            (400, 404, 413, 422, 429, 503),
+            body=_ref("ResponsesRequest"),
+            parameters=[_session_header()],
+            tag="client",
+        )
+    }
+    response_id = {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "description": "A stored response's id (resp_...), made with the caller's key.",
+        "schema": {"type": "string", "minLength": 1},
+    }
+    paths[RESPONSE_PATH] = {
+        "parameters": [response_id],
+        "get": _operation(
+            RESPONSE_PATH,
+            "retrieveResponse",
+            "A stored response, as created (404 for another key's, or one not stored)",
+            _ok(_ref("Response")),
+            (404,),
+            tag="client",
+        ),
+        "delete": _operation(
+            RESPONSE_PATH,
+            "deleteResponse",
+            "Delete a stored response (404 for another key's, or one not stored)",
+            _ok(_ref("ResponseDeleted")),
+            (404,),
+            tag="client",
+        ),
+    }
