@@ -48,6 +48,9 @@ class ModelConfig:
     # Float matrices (F32, F16, BF16) quantised to Q8_0 at load (the `quantize` load
     # option; compiled CPU kernels only).
     quantize: bool = False
+    # How /v1/embeddings pools a text's hidden states: "mean", "last" or "cls" ("": the
+    # architecture's default, serving/embedding.py; the `pooling` load option).
+    pooling: str = ""
 
 
 @dataclass(frozen=True)

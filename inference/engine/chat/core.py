@@ -163,17 +163,44 @@ def plan_format(turn: Turn) -> tuple[object, str | None, str]:
     return (plan if plan.grammar else None), status, message
 
 
+def raw_prompt_ids(svc, prompt: str | tuple[int, ...]) -> list[int]:
+    """A raw prompt's ids: a string tokenized (BOS where the GGUF adds one), ids checked
+    against the vocabulary and the window. InvalidTurn (param `prompt`) for an empty
+    prompt or an id outside the vocabulary; ContextOverBudget past the window."""
+    if isinstance(prompt, str):
+        ids = svc.encode_raw(prompt)
+    else:
+        ids = list(prompt)
+        vocab = svc.tokenizer.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidTurn(
+                f"prompt: token id {bad} is outside this model's {vocab}-token vocabulary",
+                "prompt",
+            )
+    if not ids:
+        raise InvalidTurn("prompt: empty (it has no tokens)", "prompt")
+    window = svc.context_window_configured
+    if len(ids) > window:
+        raise ContextOverBudget(len(ids), window)
+    return ids
+
+
 def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> PreparedTurn:
     """The turn's CPU work before the engine (tools and their grammar, response_format,
     thinking, the chat template, the tokenizer): run it off the event loop, within a
     deadline. Raises InvalidTurn, or ContextOverBudget when the prompt cannot fit."""
     options = options or ChatOptions()
-    tools = plan_tools(turn, svc.tool_dialect, options)
-    enable_thinking = thinking(turn, options)
+    raw = turn.raw_prompt is not None
+    tools = ToolPlan() if raw else plan_tools(turn, svc.tool_dialect, options)
+    enable_thinking = False if raw else thinking(turn, options)
     try:
-        prompt_ids, think_open = svc.prepare_chat(
-            [dict(m) for m in turn.messages], enable_thinking, list(tools.specs), tools.dialect
-        )
+        if raw:
+            prompt_ids, think_open = raw_prompt_ids(svc, turn.raw_prompt), False
+        else:
+            prompt_ids, think_open = svc.prepare_chat(
+                [dict(m) for m in turn.messages], enable_thinking, list(tools.specs), tools.dialect
+            )
     except ChatTemplateError as exc:  # the template refused this conversation
         raise InvalidTurn(f"cannot render the chat template: {exc}", "messages") from None
     except TooManyTokens as exc:  # refused before tokenizing: certain not to fit
@@ -189,7 +216,7 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         params=turn.sampling,
         n=max(1, min(turn.n, MAX_CHOICES)),
         session_id=turn.session_id,
-        think_style=svc.think_style,
+        think_style=svc.think_style and not raw,  # a raw prompt's answer is plain text
         think_open=think_open,
         reasoning_budget=reasoning_budget(turn, svc.config.reasoning_budget),
         constraint=plan,

@@ -29,6 +29,11 @@ class Turn:
     session_id: str | None = None
     logprobs: bool = False  # the client wants per-token logprobs rendered
     request_id: str = ""  # the engine's id for this request; "" -> one is made up
+    # A raw prompt (legacy /v1/completions, Ollama's `raw`): no chat template, no tools,
+    # no think block. A string is tokenized as llama.cpp tokenizes a completion prompt
+    # (special tokens written in it recognised, BOS where the GGUF adds one); token ids
+    # are taken as sent. `messages` is then unused.
+    raw_prompt: str | tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,19 @@ class DecoderModel:
         logits = self._logits(x, step)
         return logits if all_logits else logits[0]
 
+    def hidden_states(self, tokens, start: int, kv, slot: int) -> np.ndarray:
+        """The final-normed hidden states (T, D) of a prompt chunk at positions start.. on
+        one slot (its K/V written as `forward` writes them): what embeddings pool. Run a
+        whole token list chunk by chunk on a scratch cache (`make_kv_cache(1, len)`) to
+        keep no KV."""
+        T = len(tokens)
+        end = start + T
+        if end > kv.n_ctx or end > len(self.rope_tables[0]):
+            raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
+        step = Prefill(self.backend, kv, slot, start, T)
+        x = self._layers(self._embed(tokens), step)
+        return self.backend.to_host(self.backend.rms_norm(x, self.output_norm, self.hp.eps))
+
     def forward_decode(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], kv
     ) -> np.ndarray:

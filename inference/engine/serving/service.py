@@ -11,12 +11,14 @@ arrays and forward passes are the thread's alone.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,6 +52,7 @@ from ..types import (
     TokenEvent,
     Usage,
 )
+from .embedding import default_pooling, embed_job, score_job
 from .memory import CRITICAL, MemoryLadder, device_memory, host_memory
 from .runner import Runner
 from .scheduler import (
@@ -234,6 +237,9 @@ class ModelService:
         self._ladder_moved = False
         self._last_poll = 0.0
         self._trim_due = False  # work ran since the last malloc_trim
+        # Jobs beside generation (embeddings, prompt scoring): (generator, future), run
+        # one step each engine iteration, first come first served (submit).
+        self._jobs: collections.deque[tuple[Generator, Future]] = collections.deque()
         self._thread = threading.Thread(target=self._run, name=f"engine-{self.name}", daemon=True)
         self._thread.start()
 
@@ -376,6 +382,52 @@ class ModelService:
             text += thinking_prompt_suffix(text, enable_thinking)
             think_open = enable_thinking
         return self._encode_prompt(text), think_open
+
+    def encode_raw(self, text: str) -> list[int]:
+        """A raw prompt's ids (no chat template): special tokens written in it recognised,
+        BOS where the GGUF adds one. TooManyTokens when certain not to fit the window."""
+        return self._encode_prompt(text)
+
+    # ---- jobs beside generation (any thread) ----
+
+    @property
+    def pooling(self) -> str:
+        """How embeddings pool: the `pooling` load option, else the architecture's."""
+        return self.config.pooling or default_pooling(self.architecture)
+
+    @property
+    def embedding_width(self) -> int:
+        return self.model.hp.d_model
+
+    def submit(self, job: Generator) -> Future:
+        """Run `job` on the engine thread: one `next()` per engine iteration (between
+        generation steps, so streams keep flowing), its return value the future's result.
+        Cancelling the future drops the job at its next step."""
+        if self._draining:
+            raise ServerShuttingDown(f"model {self.name!r} is shutting down; retry elsewhere")
+        future: Future = Future()
+        with self._lock:
+            self._jobs.append((job, future))
+        self._wake.set()
+        return future
+
+    def embed(self, token_lists: Sequence[Sequence[int]]) -> Future:
+        """Embeddings of token lists, (N, D) float32 L2-normalised rows pooled as
+        `self.pooling`: each list prefilled alone in `prefill_chunk` chunks on a scratch
+        cache (no KV kept), so a row is the same bits alone or in a batch. Refusals
+        (ContextOverBudget, ServerMemoryConstrained, ...) are raised here."""
+        self._admissible(max((len(ids) for ids in token_lists), default=0))
+        if any(not ids for ids in token_lists):
+            raise GenerationFailed("empty input")
+        return self.submit(
+            embed_job(self.model, token_lists, self.pooling, self.config.prefill_chunk)
+        )
+
+    def score(self, ids: Sequence[int], top_n: int = 0) -> Future:
+        """Each token's log-probability after the ones before it (raw logits), with the
+        `top_n` most likely alternatives: [(logprob, ((id, logprob), ...))] for ids[1:]."""
+        self._admissible(len(ids))
+        return self.submit(score_job(self.model, ids, top_n, self.config.prefill_chunk))
 
     def grammar_tokenizer(self) -> GrammarTokenizer:
         """llguidance's view of this vocabulary (built on first use, then cached)."""
@@ -598,6 +650,36 @@ class ModelService:
                 log.exception("%s: engine step failed", self.name)
                 self._fail_all(GenerationFailed("generation failed: internal error"))
         self._fail_all(GenerationFailed(f"model {self.name!r} was unloaded"))
+        self._fail_jobs(GenerationFailed(f"model {self.name!r} was unloaded"))
+
+    def _advance_job(self) -> bool:
+        """One step of the oldest job (a prefill chunk); False when there is none."""
+        with self._lock:
+            if not self._jobs:
+                return False
+            job, future = self._jobs.popleft()
+        if future.cancelled():  # its caller is gone
+            job.close()
+            return True
+        try:
+            next(job)
+        except StopIteration as done:
+            _settle(future, result=done.value)
+        except Exception as exc:
+            log.exception("%s: a job failed", self.name)
+            _settle(future, error=GenerationFailed(f"failed: {type(exc).__name__}"))
+        else:
+            with self._lock:
+                self._jobs.appendleft((job, future))
+        return True
+
+    def _fail_jobs(self, error: Exception) -> None:
+        with self._lock:
+            jobs = list(self._jobs)
+            self._jobs.clear()
+        for job, future in jobs:
+            job.close()
+            _settle(future, error=error)
 
     def _step(self) -> None:
         """One iteration: admit, schedule, run, deliver (or wait when there is no work)."""
@@ -617,6 +699,10 @@ class ModelService:
         for slot in freed:  # only this thread assigns slots: they stay free meanwhile
             self.kv.release(slot)
         self._deliver(refused)
+        if self._advance_job():
+            self._trim_due = True
+            if batch.empty:
+                return
         if batch.empty:
             if self._trim_due:  # idle after work: hand freed heap pages back (kernels/threads)
                 self._trim_due = not threads.trim()
@@ -845,6 +931,17 @@ class ModelService:
             self.stats.decode_tok_per_s = t.decode_rows / t.decode_s
             prev = self.stats.decode_step_s
             self.stats.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s
+
+
+def _settle(future: Future, result: object = None, error: Exception | None = None) -> None:
+    """Complete a job's future, unless its caller cancelled it meanwhile."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def _short(session_id: str) -> str:

@@ -1,0 +1,86 @@
+"""Work the engine thread runs beside generation: embeddings and prompt scoring.
+
+Each is a job (a generator the engine thread advances one prefill chunk per step, between
+its generation steps: service.ModelService.submit), on a scratch KV cache the size of the
+input, so nothing is kept once it ends. An input is always cut into the same chunks and
+computed alone, so its result is the same bits alone or in a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+
+import numpy as np
+
+POOLINGS = ("mean", "last", "cls")
+# Decoder-only chat models, measured on SmolLM2 (tests/e2e/test_sdk_completions.py,
+# bench/RESULTS.md): mean pooling separates paraphrases from unrelated pairs better than
+# the last token's state. An architecture with a better default lists it here.
+DEFAULT_POOLING = "mean"
+ARCH_POOLING: dict[str, str] = {}
+
+
+def default_pooling(architecture: str) -> str:
+    return ARCH_POOLING.get(architecture, DEFAULT_POOLING)
+
+
+def embed_job(
+    model, token_lists: Sequence[Sequence[int]], pooling: str, chunk: int
+) -> Generator[None, None, np.ndarray]:
+    """(N, D) float32 rows, L2-normalised: each input's final-normed hidden states pooled
+    (`mean` over its tokens, `last` token, `cls` the first token). Yields after each
+    prefill chunk."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
+    out = np.zeros((len(token_lists), model.hp.d_model), dtype=np.float32)
+    for i, ids in enumerate(token_lists):
+        kv = model.make_kv_cache(1, len(ids))  # scratch: dropped with this input
+        total = np.zeros(model.hp.d_model, dtype=np.float64)
+        for start in range(0, len(ids), chunk):
+            h = model.hidden_states(np.asarray(ids[start : start + chunk]), start, kv, 0)
+            if pooling == "mean":
+                total += h.sum(axis=0, dtype=np.float64)
+            elif pooling == "cls" and start == 0:
+                total = h[0].astype(np.float64)
+            elif pooling == "last":
+                total = h[-1].astype(np.float64)
+            yield
+        if pooling == "mean":
+            total /= len(ids)
+        norm = np.linalg.norm(total)
+        out[i] = total / norm if norm > 0 else total
+    return out
+
+
+def score_job(
+    model, ids: Sequence[int], top_n: int, chunk: int
+) -> Generator[None, None, list[tuple[float, tuple[tuple[int, float], ...]]]]:
+    """The log-probability of each token of `ids` after the ones before it (raw logits,
+    temperature 1), with the `top_n` most likely ids at that position: one entry per
+    token from the second on. Yields after each prefill chunk."""
+    kv = model.make_kv_cache(1, len(ids))
+    out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+    for start in range(0, len(ids), chunk):
+        part = np.asarray(ids[start : start + chunk])
+        logits = model.forward(part, start, kv, 0, all_logits=True)  # (T, V)
+        rows = min(len(part), len(ids) - start - 1)  # the last token predicts nothing here
+        if rows <= 0:
+            yield
+            continue
+        z = logits[:rows].astype(np.float64)
+        peak = z.max(axis=1, keepdims=True)
+        log_total = peak[:, 0] + np.log(np.exp(z - peak).sum(axis=1))
+        targets = np.asarray(ids[start + 1 : start + 1 + rows])
+        picked = z[np.arange(rows), targets] - log_total
+        best = None
+        if top_n > 0:
+            k = min(top_n, z.shape[1])
+            best = np.argpartition(-z, k - 1, axis=1)[:, :k]
+        for t in range(rows):
+            top: tuple[tuple[int, float], ...] = ()
+            if best is not None:
+                cand = sorted(best[t].tolist(), key=lambda j, zt=z[t]: (-zt[j], j))
+                top = tuple((int(j), float(z[t, j] - log_total[t])) for j in cand)
+            out.append((float(picked[t]), top))
+        yield
+    return out
