@@ -74,6 +74,9 @@ def parse_messages_request(
     tool_choice = _tool_choice(data.get("tool_choice"), tools)
     enable_thinking, budget = _thinking(data.get("thinking"))
     response_format = _output_format(data.get("output_config"))
+    if response_format is None and data.get("output_format") is not None:
+        # The older spelling (a beta, still in the SDK's count_tokens).
+        response_format = _json_schema_format(data["output_format"], "output_format")
     session_id = _optional_string(data, "session_id", IDENTIFIER_MAX) or header_session or None
     if session_id is not None and len(session_id) > IDENTIFIER_MAX:
         raise invalid_request(f"X-Session-Id: at most {IDENTIFIER_MAX} characters")
@@ -246,7 +249,10 @@ def _output_format(value: object) -> dict | None:
     fmt = value.get("format")
     if fmt is None:
         return None
-    path = "output_config.format"
+    return _json_schema_format(fmt, "output_config.format")
+
+
+def _json_schema_format(fmt: object, path: str) -> dict:
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         raise invalid_request(f'{path}: expected {{"type": "json_schema", "schema": ...}}', path)
     schema = fmt.get("schema")

@@ -246,6 +246,22 @@ async def test_a_tool_result_round_trip(post, served):
     assert longer["input_tokens"] > same["input_tokens"]
 
 
+async def test_output_config_format_holds_the_answer_to_the_schema(post, served):
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string", "maxLength": 20}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    for spelling in (
+        {"output_config": {"format": {"type": "json_schema", "schema": schema}}},
+        {"output_format": {"type": "json_schema", "schema": schema}},  # the older one
+    ):
+        reply = (await post(body(max_tokens=40, **spelling))).json()
+        [block] = reply["content"]
+        jsonschema.validate(json.loads(block["text"]), schema)
+
+
 # --- thinking --------------------------------------------------------------------------
 
 
@@ -405,6 +421,7 @@ BAD_BODIES = [
         {"messages": HELLO, "max_tokens": 10, "output_config": {"format": {"type": "xml"}}},
         "output_config.format",
     ),
+    ({"messages": HELLO, "max_tokens": 10, "output_format": {"type": "json_schema"}}, "schema"),
     ({"messages": HELLO, "max_tokens": 10, "session_id": "s" * 300}, "session_id"),
 ]
 

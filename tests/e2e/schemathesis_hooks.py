@@ -18,7 +18,11 @@ MAX_TOKENS = 4
 
 
 # The routes that generate, and the field that bounds their answer.
-MAX_TOKENS_FIELD = {CHAT_PATH: "max_tokens", "/v1/responses": "max_output_tokens"}
+MAX_TOKENS_FIELD = {
+    CHAT_PATH: "max_tokens",
+    "/v1/responses": "max_output_tokens",
+    "/v1/messages": "max_tokens",
+}
 
 
 @schemathesis.hook

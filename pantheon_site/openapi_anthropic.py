@@ -1,0 +1,311 @@
+"""The OpenAPI pieces of the Anthropic Messages routes (inference/anthropic): POST
+/v1/messages and POST /v1/messages/count_tokens. The bounds are the parser's
+(inference/anthropic/parse.py) and the settings it reads.
+
+pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from inference.anthropic.parse import THINKING_TYPES, UNSEEABLE_BLOCKS
+from inference.anthropic.render import ERROR_TYPES, STOP_REASONS
+from inference.serializers import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
+
+MESSAGES_PATH = "/v1/messages"
+COUNT_PATH = "/v1/messages/count_tokens"
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def schemas() -> dict:
+    from pantheon_site.openapi import BOOL, NON_NEGATIVE, STRING, _nullable, _object
+
+    ident = {"type": "string", "maxLength": IDENTIFIER_MAX}
+    text = _object({"type": {"const": "text"}, "text": STRING}, ("type", "text"))
+    block = _object(
+        {
+            "type": {
+                "type": "string",
+                "description": "user: text, tool_result; assistant: text, thinking, "
+                "redacted_thinking (dropped), tool_use. "
+                + ", ".join(UNSEEABLE_BLOCKS)
+                + " blocks are a 400 naming the block: no model here can read them.",
+            },
+            "text": STRING,
+            "thinking": STRING,
+            "signature": STRING,
+            "id": STRING,
+            "name": STRING,
+            "input": {"type": "object"},
+            "tool_use_id": STRING,
+            "content": {"anyOf": [STRING, {"type": "array", "items": text}]},
+            "is_error": BOOL,
+        },
+        ("type",),
+        additionalProperties=True,
+    )
+    message = _object(
+        {
+            "role": {"enum": ["user", "assistant"]},
+            "content": {"anyOf": [STRING, {"type": "array", "items": block}]},
+        },
+        ("role", "content"),
+        description="The last message must be the user's (an assistant prefill is a 400).",
+    )
+    tool = _object(
+        {
+            "type": {"const": "custom"},
+            "name": {"type": "string", "minLength": 1},
+            "description": STRING,
+            "input_schema": {"type": "object"},
+        },
+        ("name", "input_schema"),
+        additionalProperties=True,
+        description="Custom tools only: Anthropic's server tools (web search, bash, ...) "
+        "are a 400.",
+    )
+    tool_choice = _object(
+        {
+            "type": {"enum": ["auto", "any", "tool", "none"]},
+            "name": STRING,
+            "disable_parallel_tool_use": BOOL,
+        },
+        ("type",),
+        description="any: a call is compelled; tool: that tool is (name required); "
+        "any and tool need `tools`.",
+    )
+    thinking = _object(
+        {
+            "type": {"enum": list(THINKING_TYPES)},
+            "budget_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_BOUND - 1},
+        },
+        ("type",),
+        additionalProperties=True,
+        description="enabled (budget_tokens required): think, the block closed after that "
+        "many tokens; adaptive: think within the model's budget; disabled: no thinking. "
+        "Absent: the server's default. Only think-style templates think.",
+    )
+    shared = {
+        "model": _nullable(ident),
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": settings.PANTHEON_MAX_MESSAGES,
+            "items": message,
+        },
+        "system": {"anyOf": [STRING, {"type": "array", "items": text}, {"type": "null"}]},
+        "tools": _nullable(
+            {"type": "array", "maxItems": settings.PANTHEON_MAX_TOOLS, "items": tool}
+        ),
+        "tool_choice": _nullable(tool_choice),
+        "thinking": _nullable(thinking),
+        "output_config": _nullable(
+            _object(
+                {
+                    "format": _nullable(
+                        _object(
+                            {"type": {"const": "json_schema"}, "schema": {"type": "object"}},
+                            ("type", "schema"),
+                        )
+                    ),
+                    "effort": {"description": "Accepted, not used."},
+                },
+                additionalProperties=True,
+                description="format: the answer is held to this JSON schema.",
+            )
+        ),
+        "session_id": _nullable(
+            {
+                **ident,
+                "description": "Extension: the prefix-cache session (else X-Session-Id).",
+            }
+        ),
+    }
+    request = _object(
+        {
+            **shared,
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_BOUND - 1},
+            "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "top_k": _nullable({"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1}),
+            "stop_sequences": _nullable(
+                {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": ident}
+            ),
+            "stream": _nullable(BOOL),
+            "metadata": _nullable(
+                _object({"user_id": _nullable(ident)}, additionalProperties=True)
+            ),
+            "seed": _nullable(
+                {
+                    "type": "integer",
+                    "minimum": 1 - INT64_BOUND,
+                    "maximum": INT64_BOUND - 1,
+                    "description": "Extension: the sampler's seed.",
+                }
+            ),
+        },
+        ("messages", "max_tokens"),
+        additionalProperties=True,
+        description="Anthropic's Messages request. Other fields are ignored.",
+    )
+    count = _object(shared, ("messages",), additionalProperties=True)
+    content_block = {
+        "oneOf": [
+            _object({"type": {"const": "text"}, "text": STRING}, ("type", "text")),
+            _object(
+                {"type": {"const": "thinking"}, "thinking": STRING, "signature": STRING},
+                ("type", "thinking", "signature"),
+            ),
+            _object(
+                {
+                    "type": {"const": "tool_use"},
+                    "id": STRING,
+                    "name": STRING,
+                    "input": {"type": "object"},
+                },
+                ("type", "id", "name", "input"),
+            ),
+        ]
+    }
+    usage = _object(
+        {
+            "input_tokens": NON_NEGATIVE,
+            "output_tokens": NON_NEGATIVE,
+            "cache_creation_input_tokens": NON_NEGATIVE,
+            "cache_read_input_tokens": NON_NEGATIVE,
+        },
+        ("input_tokens", "output_tokens"),
+        description="input_tokens: prompt tokens not read from the session cache; "
+        "cache_read_input_tokens: those read from it.",
+    )
+    stop_reasons = sorted({*STOP_REASONS.values(), "stop_sequence"})
+    return {
+        "AnthropicMessagesRequest": request,
+        "AnthropicCountTokensRequest": count,
+        "AnthropicMessage": _object(
+            {
+                "id": STRING,
+                "type": {"const": "message"},
+                "role": {"const": "assistant"},
+                "model": STRING,
+                "content": {"type": "array", "items": content_block},
+                "stop_reason": {"enum": [*stop_reasons, None]},
+                "stop_sequence": _nullable(STRING),
+                "usage": usage,
+            },
+            ("id", "type", "role", "model", "content", "stop_reason", "usage"),
+        ),
+        "AnthropicTokenCount": _object({"input_tokens": NON_NEGATIVE}, ("input_tokens",)),
+        "AnthropicError": _object(
+            {
+                "type": {"const": "error"},
+                "error": _object(
+                    {"type": {"enum": sorted(set(ERROR_TYPES.values()))}, "message": STRING},
+                    ("type", "message"),
+                ),
+            },
+            ("type", "error"),
+        ),
+    }
+
+
+_STREAM = {
+    "type": "string",
+    "description": "Server-sent events, each with its `event:` line: message_start, ping, "
+    "then per content block content_block_start, content_block_delta (text_delta, "
+    "thinking_delta, input_json_delta), content_block_stop; then message_delta "
+    "(stop_reason, stop_sequence, usage) and message_stop. An error after the stream "
+    "opened is an `event: error` in Anthropic's shape.",
+}
+
+
+def _error(description: str, *, also_layers: bool = False) -> dict:
+    schema = _ref("AnthropicError")
+    if also_layers:  # the ASGI layers before the route answer in the server's own shape
+        schema = {"anyOf": [schema, _ref("Error")]}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _responses(ok: dict) -> dict:
+    from pantheon_site.openapi import _RETRY_AFTER
+
+    busy = _error(
+        "rate_limit_error: the server is busy (queue full or timed out, prepare pool), the "
+        "model's sessions are all held, or the session is busy; the key's concurrency "
+        "limit (the server's shape). With Retry-After.",
+        also_layers=True,
+    )
+    busy["headers"] = _RETRY_AFTER
+    overloaded = _error(
+        "overloaded_error: no model loaded, memory pressure, or shutting down; the key "
+        "table unreadable (the server's shape).",
+        also_layers=True,
+    )
+    overloaded["headers"] = _RETRY_AFTER
+    return {
+        "200": ok,
+        "400": _error(
+            "invalid_request_error: a malformed or invalid body (names the field), a block "
+            'no model can read, or "prompt is too long: N tokens > M maximum".'
+        ),
+        "404": _error("not_found_error: `model` names no served model (with several)."),
+        "413": _error(
+            "request_too_large: over the body limit (the server's shape), or preparing it "
+            "took too long.",
+            also_layers=True,
+        ),
+        "429": busy,
+        "500": _error("api_error (never a traceback)."),
+        "503": overloaded,
+    }
+
+
+def add_paths(paths: dict[str, dict]) -> None:
+    """Add the two Messages routes to `paths` (before openapi.py adds the layers' other
+    errors and the preflights)."""
+    from pantheon_site.openapi import JSON, SSE, _operation
+
+    for path, operation_id, summary, body, ok in (
+        (
+            MESSAGES_PATH,
+            "anthropicMessages",
+            "Anthropic Messages: a message, or (stream: true) its event stream",
+            _ref("AnthropicMessagesRequest"),
+            {
+                "description": "A message, or (stream: true) an event stream.",
+                "content": {JSON: {"schema": _ref("AnthropicMessage")}, SSE: {"schema": _STREAM}},
+            },
+        ),
+        (
+            COUNT_PATH,
+            "anthropicCountTokens",
+            "Anthropic token counting: the prompt's tokens, nothing generated",
+            _ref("AnthropicCountTokensRequest"),
+            {
+                "description": "The prompt's token count.",
+                "content": {JSON: {"schema": _ref("AnthropicTokenCount")}},
+            },
+        ),
+    ):
+        op = _operation(path, operation_id, summary, ok, body=body, tag="anthropic")
+        op["responses"] = _responses(ok)
+        op["parameters"] = [
+            {
+                "name": "X-Session-Id",
+                "in": "header",
+                "required": False,
+                "description": "The session id when the body gives none.",
+                "schema": {"type": "string", "maxLength": IDENTIFIER_MAX},
+            },
+            {
+                "name": "anthropic-version",
+                "in": "header",
+                "required": False,
+                "description": "Accepted, any value (not required).",
+                "schema": {"type": "string"},
+            },
+        ]
+        paths[path] = {"post": op}
