@@ -108,14 +108,34 @@ ISA_CLONES static void weighted_values(const float *w, const float *values, int6
 /* AVX-512 bodies of scores_of / weighted_values for Dh a multiple of 16 (every model we
  * know: 64, 128, 256): the reduction stays in registers (the loop versions spill the
  * lanes to the stack and reload them, ~12 ns a key). */
-__attribute__((target("avx512f,fma"))) static void scores_avx512(const float *qs,
-                                                                const float *keys, int64_t n,
-                                                                int64_t Dh, float *scores) {
+/* Four keys at a time (independent FMA chains); each key's sum is still q[0] * k[0..15],
+ * then + q[c] * k[16c..] in c order, then one reduce: the one-key-at-a-time bits. */
+__attribute__((target("avx512f,fma"))) static inline __attribute__((always_inline)) void
+scores_avx512_n(const float *qs, const float *keys, int64_t n, const int64_t chunks,
+                float *scores) {
+    const int64_t Dh = chunks * 16;
     __m512 q[16];
-    const int64_t chunks = Dh / 16;
-    for (int64_t c = 0; c < chunks && c < 16; c++)
+    for (int64_t c = 0; c < chunks; c++)
         q[c] = _mm512_loadu_ps(qs + 16 * c);
-    for (int64_t t = 0; t < n; t++) {
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+        const float *k0 = keys + t * Dh;
+        __m512 a0 = _mm512_mul_ps(q[0], _mm512_loadu_ps(k0));
+        __m512 a1 = _mm512_mul_ps(q[0], _mm512_loadu_ps(k0 + Dh));
+        __m512 a2 = _mm512_mul_ps(q[0], _mm512_loadu_ps(k0 + 2 * Dh));
+        __m512 a3 = _mm512_mul_ps(q[0], _mm512_loadu_ps(k0 + 3 * Dh));
+        for (int64_t c = 1; c < chunks; c++) {
+            a0 = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k0 + 16 * c), a0);
+            a1 = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k0 + Dh + 16 * c), a1);
+            a2 = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k0 + 2 * Dh + 16 * c), a2);
+            a3 = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k0 + 3 * Dh + 16 * c), a3);
+        }
+        scores[t] = _mm512_reduce_add_ps(a0);
+        scores[t + 1] = _mm512_reduce_add_ps(a1);
+        scores[t + 2] = _mm512_reduce_add_ps(a2);
+        scores[t + 3] = _mm512_reduce_add_ps(a3);
+    }
+    for (; t < n; t++) {
         const float *kr = keys + t * Dh;
         __m512 acc = _mm512_mul_ps(q[0], _mm512_loadu_ps(kr));
         for (int64_t c = 1; c < chunks; c++)
@@ -124,23 +144,61 @@ __attribute__((target("avx512f,fma"))) static void scores_avx512(const float *qs
     }
 }
 
+__attribute__((target("avx512f,fma"))) static void scores_avx512(const float *qs,
+                                                                const float *keys, int64_t n,
+                                                                int64_t Dh, float *scores) {
+    switch (Dh) { /* constant chunk counts: the accumulators stay in registers */
+    case 64:
+        scores_avx512_n(qs, keys, n, 4, scores);
+        break;
+    case 128:
+        scores_avx512_n(qs, keys, n, 8, scores);
+        break;
+    default:
+        scores_avx512_n(qs, keys, n, Dh / 16, scores);
+    }
+}
+
+/* Every 16-wide chunk of the output accumulates in its own register, all chunks in the
+ * inner loop (independent chains, not one chain of n FMAs per chunk); each output lane
+ * still sums p[t] * v[t] in t order: the chunk-at-a-time bits. */
+__attribute__((target("avx512f,fma"))) static inline __attribute__((always_inline)) void
+weighted_avx512_n(const float *w, const float *values, int64_t n, const int64_t chunks,
+                  float sum, float *out) {
+    const int64_t Dh = chunks * 16;
+    const float inv = 1.0f / sum;
+    __m512 acc[16];
+    for (int64_t c = 0; c < chunks; c++)
+        acc[c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t++) {
+        const __m512 p = _mm512_set1_ps(w[t] * inv);
+        const float *vr = values + t * Dh;
+        for (int64_t c = 0; c < chunks; c++)
+            acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    }
+    for (int64_t c = 0; c < chunks; c++)
+        _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
 __attribute__((target("avx512f,fma"))) static void weighted_avx512(const float *w,
                                                                   const float *values,
                                                                   int64_t n, int64_t Dh,
                                                                   float sum, float *out) {
-    const float inv = 1.0f / sum;
-    for (int64_t c = 0; c < Dh / 16; c++) {
-        __m512 acc = _mm512_setzero_ps();
-        const float *vc = values + 16 * c;
-        for (int64_t t = 0; t < n; t++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(w[t] * inv), _mm512_loadu_ps(vc + t * Dh), acc);
-        _mm512_storeu_ps(out + 16 * c, acc);
+    switch (Dh) {
+    case 64:
+        weighted_avx512_n(w, values, n, 4, sum, out);
+        break;
+    case 128:
+        weighted_avx512_n(w, values, n, 8, sum, out);
+        break;
+    case 256:
+        weighted_avx512_n(w, values, n, 16, sum, out);
+        break;
+    default:
+        weighted_avx512_n(w, values, n, Dh / 16, sum, out);
     }
 }
 
-/* exp_and_sum with the same operations per score (exp_nonpositive's, unfused, in its
- * order) and the same LANES partial sums added in lane order: the same bits, 16 scores
- * an instruction (GCC leaves the loop version scalar: the float-int conversions). */
 __attribute__((target("avx512f,fma"))) static float exp_and_sum_avx512(float *scores,
                                                                       int64_t n, float mx) {
     const __m512 vmx = _mm512_set1_ps(mx), lowest = _mm512_set1_ps(-87.3f);
