@@ -10,7 +10,8 @@ import json
 import pytest
 
 from tests.conftest import SMOLLM2_NAME
-from tests.security.helpers import bearer, call, console_key, in_db
+from tests.security.helpers import bearer, console_key, in_db
+from tests.security.helpers import call as _call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anyio]
 
@@ -38,6 +39,11 @@ def app(served):
     keys.forget_cache()
     yield stack.build(get_asgi_application())
     keys.forget_cache()
+
+
+async def call(app, method: str, path: str, **kwargs):
+    """One request through the stack; generous time: the test machine may be busy."""
+    return await _call(app, method, path, timeout=300, **kwargs)
 
 
 def greedy(**fields) -> dict:
@@ -367,6 +373,34 @@ async def test_a_named_tool_choice_and_a_json_schema_format(app):
     assert set(json.loads(body["output"][0]["content"][0]["text"])) == {"city"}
 
 
+# --- reasoning (a think-style template) ----------------------------------------------
+
+
+async def test_reasoning_effort_turns_thinking_on_and_off(app, thinker):
+    body = {"model": "thinker", "input": ASK, "temperature": 0, "max_output_tokens": 24}
+    thought = await call(app, "POST", RESPONSES, body={**body, "reasoning": {"effort": "low"}})
+    thought = thought.json()
+    assert thought["reasoning"] == {"effort": "low", "summary": None}
+    item = thought["output"][0]
+    assert item["type"] == "reasoning" and item["id"].startswith("rs_")
+    assert item["summary"] == [] and item["content"][0]["type"] == "reasoning_text"
+    assert item["content"][0]["text"] and "<think>" not in item["content"][0]["text"]
+    assert thought["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+    plain = await call(app, "POST", RESPONSES, body={**body, "reasoning": {"effort": "none"}})
+    plain = plain.json()
+    assert [i["type"] for i in plain["output"]] == ["message"]
+    assert plain["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+
+
+async def test_streamed_reasoning_joins_to_the_non_streamed_body(app, thinker):
+    body = greedy(model="thinker", reasoning={"effort": "low"}, max_output_tokens=16)
+    plain = (await call(app, "POST", RESPONSES, body=body)).json()
+    events = events_of((await call(app, "POST", RESPONSES, body={**body, "stream": True})).body)
+    thought = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert thought and thought == plain["output"][0]["content"][0]["text"]
+    assert without_ids(events[-1]["response"]) == without_ids(plain)
+
+
 # --- API keys: a key never reaches another key's responses -------------------------------
 
 
@@ -387,5 +421,11 @@ async def test_a_key_cannot_read_delete_or_continue_another_keys_response(app, s
     )
     follow.error(404, "invalid_request_error")
     (await call(app, "GET", f"{RESPONSES}/{rid}")).error(401, "invalid_api_key")
+    # The same prompt under B's key: nothing of A's cache (both run under their key's
+    # implicit session id, each in its own namespace).
+    other = await call(app, "POST", RESPONSES, body=greedy(), headers=bearer(b))
+    assert other.json()["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    again = await call(app, "POST", RESPONSES, body=greedy(), headers=bearer(a))
+    assert again.json()["usage"]["input_tokens_details"]["cached_tokens"] > 0
     got = await call(app, "GET", f"{RESPONSES}/{rid}", headers=bearer(a))
     assert got.status == 200 and got.json()["id"] == rid
