@@ -2,6 +2,7 @@ from django.urls import include, path
 
 from inference import meta_views, views
 from inference.anthropic import views as anthropic_views
+from inference.textapi import completions, embeddings, tokenize
 
 # Exact paths, no trailing-slash variants: anything else is the JSON 404. Some clients
 # leave /v1 out of their base URL: /chat/completions and /models are the same routes.
@@ -17,7 +18,12 @@ urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions-no-v1"),
     path("v1/messages", anthropic_views.messages, name="anthropic-messages"),
     path("v1/messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
+    path("v1/completions", completions.completions, name="completions"),
+    path("v1/embeddings", embeddings.embeddings, name="embeddings"),
+    path("tokenize", tokenize.tokenize, name="tokenize"),  # llama.cpp's
+    path("detokenize", tokenize.detokenize, name="detokenize"),
     path("", include("responses_api.urls")),  # /v1/responses, /v1/responses/{id}
+    path("", include("inference.ollama.urls")),  # Ollama's API: /api/chat, /api/tags, ...
     # Operator test hook; answers the JSON 404 unless PANTHEON_DEBUG_ROUTES is on.
     path(
         "admin/debug/simulate-memory-pressure",

@@ -23,15 +23,23 @@ RESTORE_PATH = "/session/restore"
 SESSION_PATHS = frozenset({RESTORE_PATH, "/session/release", "/session/watch", "/session/estimate"})
 EXPORT_PATH = "/admin/session/export"
 # Bodies that may be large: a conversation (long prompts) in each wire format, with the
-# spellings without /v1 some clients use, and a restore (a KV blob).
+# spellings without /v1 some clients use, texts to embed or tokenize, and a restore (a KV
+# blob).
 LARGE_BODY_PATHS = frozenset(
     {
         "/v1/chat/completions",
         "/chat/completions",
         "/v1/completions",
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
         "/v1/messages",
         "/v1/messages/count_tokens",
         "/v1/responses",
+        "/api/chat",  # Ollama's API (inference/ollama)
+        "/api/generate",
+        "/api/embed",
+        "/api/embeddings",
         RESTORE_PATH,
     }
 )

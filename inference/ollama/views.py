@@ -1,0 +1,302 @@
+"""Ollama's API (/api/...) as a thin adapter on the chat core: parse -> Turn ->
+start_turn -> render the events as NDJSON (streamed by default) or one JSON object.
+
+Every error on these routes has Ollama's shape, `{"error": "message"}`, with its status
+(400 bad input, 404 an unknown model); once a stream has opened, an error is a line
+`{"error": ...}` (the ollama clients raise it).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from contextlib import aclosing
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from inference import runtime as registry
+from inference import shutdown
+from inference.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
+from inference.engine.types import FinishEvent, GenerationFailed, TokenEvent
+from inference.errors import ApiError, json_response, method_not_allowed, shutting_down
+from inference.ollama import parse, render
+from inference.ollama.render import Answer, Clock, NdjsonResponse, error_response
+from inference.serializers import parse_json_object
+
+log = logging.getLogger("pantheon.http")
+
+# The Ollama API level these routes follow (GET /api/version): clients gate features on
+# it. Pantheon's own version is beside it.
+OLLAMA_API_VERSION = "0.12.0"
+
+
+def _refusal(exc: Exception) -> HttpResponse:
+    error = render.ollama_error(exc)
+    if error.status == 500:
+        log.error("ollama request failed", exc_info=exc)  # never in the body
+    return error_response(error)
+
+
+def _method(request: HttpRequest, allowed: str) -> HttpResponse | None:
+    if request.method != allowed:
+        return error_response(method_not_allowed(request.method or "", [allowed, "OPTIONS"]))
+    return None
+
+
+def resolve(model: str):
+    """(served name, service) for an Ollama model name: as sent, then without `:latest`,
+    each through the aliases. Unlike the OpenAI routes, the name must name a served model
+    even when one model is loaded (Ollama's 404 "model not found")."""
+    rt = registry.runtime
+    services = rt.services()
+    for candidate in parse.name_candidates(model):
+        name = rt.follow(candidate)
+        if name in services:
+            return rt.resolve(name)
+    served = ", ".join(sorted(parse.ollama_name(n) for n in services)) or "none"
+    raise ApiError(
+        404,
+        f'model "{model}" not found (models are loaded by the operator here, not pulled); '
+        f"served models: {served}",
+        "model_not_found",
+    )
+
+
+def _check_window(parsed: parse.OllamaRequest, svc) -> None:
+    """`options.num_ctx` above the served window is refused, not silently truncated; at
+    or below it, accepted (the window is the operator's load option)."""
+    window = svc.context_window
+    if parsed.num_ctx is not None and window and parsed.num_ctx > window:
+        raise ApiError(
+            400,
+            f"options.num_ctx: {parsed.num_ctx} is above this model's served context "
+            f"window ({window} tokens, set by the operator at load); send at most {window} "
+            "or leave num_ctx out",
+            "invalid_request_error",
+            extra={"param": "options.num_ctx"},
+        )
+
+
+# --- /api/chat, /api/generate ----------------------------------------------------------
+
+
+@csrf_exempt
+async def chat(request: HttpRequest) -> HttpResponse:
+    return await _turn(request, chat=True)
+
+
+@csrf_exempt
+async def generate(request: HttpRequest) -> HttpResponse:
+    return await _turn(request, chat=False)
+
+
+async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
+    """Async: a generation waits on the engine without holding a worker thread."""
+    if refused := _method(request, "POST"):
+        return refused
+    if shutdown.draining():
+        return error_response(shutting_down())
+    clock = Clock()
+    header = request.headers.get("X-Session-Id")
+    try:
+        deadline = turn_deadline()
+
+        def parse_body() -> parse.OllamaRequest:
+            data = parse_json_object(request.body)
+            if chat:
+                return parse.parse_chat(data, header)
+            return parse.parse_generate(data, header)
+
+        parsed = await off_loop(deadline, parse_body)
+        name, svc = resolve(parsed.model)
+        _check_window(parsed, svc)
+        if not parsed.messages:  # Ollama's "load the model": it is loaded
+            return json_response(render.load_answer(parsed.model, chat))
+        started = await start_turn(
+            request,
+            parsed.turn(f"ollama-{secrets.token_hex(12)}"),
+            model=name,
+            session_id=parsed.session_id,
+            deadline=deadline,
+        )
+        clock.mark_ready()
+        answer = Answer(parsed.model, chat, parsed.logprobs, clock)
+        if parsed.stream:
+            return await _stream(started, answer)
+        return await _complete(started, answer)
+    except Exception as exc:
+        return _refusal(exc)
+
+
+async def _complete(started: StartedTurn, answer: Answer) -> HttpResponse:
+    finish: FinishEvent | None = None
+    # aclosing: if this view is cancelled (client gone), the generation stops.
+    async with aclosing(started.events) as events:
+        async for event in events:
+            if isinstance(event, FinishEvent):
+                finish = event
+            else:
+                answer.push(event)
+    if finish is None:
+        raise GenerationFailed("the engine stream ended without a finish event")
+    return json_response(answer.joined(finish))
+
+
+async def _stream(started: StartedTurn, answer: Answer) -> HttpResponse:
+    # Wait for the first event before answering: refusals the engine knows up front
+    # (context, busy, memory) still get their status line and Ollama's error body.
+    events = started.events
+    try:
+        first = await anext(events, None)
+    except BaseException:
+        await events.aclose()
+        raise
+    if first is None:
+        raise GenerationFailed("the engine stream ended without a finish event")
+    return NdjsonResponse(_lines(started, answer, first))
+
+
+async def _lines(started: StartedTurn, answer: Answer, first: TokenEvent | FinishEvent):
+    events = started.events
+    finish: FinishEvent | None = None
+    try:
+        event: TokenEvent | FinishEvent | None = first
+        while event is not None:
+            if isinstance(event, FinishEvent):
+                finish = event
+            else:
+                chunk = answer.push(event)
+                if chunk is not None:
+                    yield render.line(chunk)
+            event = await anext(events, None)
+    except Exception as exc:
+        # The status line is gone: Ollama ends such a stream with an error line.
+        error = render.ollama_error(exc)
+        if error.status == 500:
+            log.error("ollama stream failed after it opened", exc_info=exc)
+        yield render.error_line(error)
+        return
+    finally:
+        # On normal end, on failure, and when the client disconnects: the engine stops.
+        await events.aclose()
+    if finish is None:
+        yield render.error_line(
+            render.ollama_error(GenerationFailed("the engine stream ended without a finish"))
+        )
+        return
+    for chunk in answer.finish(finish):
+        yield render.line(chunk)
+
+
+# --- /api/embed, /api/embeddings -------------------------------------------------------
+
+
+@csrf_exempt
+async def embed(request: HttpRequest) -> HttpResponse:
+    return await _embed(request, legacy=False)
+
+
+@csrf_exempt
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    return await _embed(request, legacy=True)
+
+
+async def _embed(request: HttpRequest, *, legacy: bool) -> HttpResponse:
+    if refused := _method(request, "POST"):
+        return refused
+    try:
+        deadline = turn_deadline()
+        model, _inputs = await off_loop(
+            deadline, lambda: parse.parse_embed(parse_json_object(request.body), legacy=legacy)
+        )
+        resolve(model)
+        raise ApiError(
+            501,
+            "embeddings are not available on this server yet: its engine has no embedding "
+            "path (/api/embed and /api/embeddings answer once it has)",
+            "not_implemented",
+        )
+    except Exception as exc:
+        return _refusal(exc)
+
+
+# --- models ----------------------------------------------------------------------------
+
+
+def _listed() -> list[tuple[str, object]]:
+    """(Ollama name, service) of every served name and every alias of one, by name."""
+    rt = registry.runtime
+    services = rt.services()
+    rows = {parse.ollama_name(n): svc for n, svc in services.items()}
+    for alias, _target in rt.aliases().items():
+        svc = services.get(rt.follow(alias))
+        if svc is not None:
+            rows.setdefault(parse.ollama_name(alias), svc)
+    return sorted(rows.items())
+
+
+@csrf_exempt
+def tags(request: HttpRequest) -> HttpResponse:
+    """GET /api/tags: the loaded models (and their aliases) as Ollama lists local ones."""
+    if refused := _method(request, "GET"):
+        return refused
+    try:
+        return json_response({"models": [render.tags_row(n, s) for n, s in _listed()]})
+    except Exception as exc:
+        return _refusal(exc)
+
+
+@csrf_exempt
+def ps(request: HttpRequest) -> HttpResponse:
+    """GET /api/ps: the running models (every loaded one; they stay until unloaded)."""
+    if refused := _method(request, "GET"):
+        return refused
+    try:
+        return json_response({"models": [render.ps_row(n, s) for n, s in _listed()]})
+    except Exception as exc:
+        return _refusal(exc)
+
+
+@csrf_exempt
+def show(request: HttpRequest) -> HttpResponse:
+    """POST /api/show: the model's details, chat template, parameters and GGUF metadata."""
+    if refused := _method(request, "POST"):
+        return refused
+    try:
+        model = parse.parse_show(parse_json_object(request.body))
+        name, svc = resolve(model)
+        return json_response(render.show_body(name, svc))
+    except Exception as exc:
+        return _refusal(exc)
+
+
+@csrf_exempt
+def version(request: HttpRequest) -> HttpResponse:
+    if refused := _method(request, "GET"):
+        return refused
+    return json_response({"version": OLLAMA_API_VERSION, "pantheon": registry.build_id()})
+
+
+MANAGED = {
+    "pull": "pulling models",
+    "push": "pushing models",
+    "create": "creating models",
+    "delete": "deleting models",
+    "copy": "copying models",
+}
+
+
+@csrf_exempt
+def managed(request: HttpRequest, action: str) -> HttpResponse:
+    """/api/pull, /push, /create, /delete, /copy: refused; models are the operator's."""
+    what = MANAGED[action]
+    return error_response(
+        ApiError(
+            403,
+            f"{what} is not supported here: models are loaded and unloaded by the "
+            "operator (POST /admin/models/load, /admin/models/unload, /admin/aliases); "
+            "GET /api/tags lists the loaded ones",
+            "operator_managed",
+        )
+    )
