@@ -220,3 +220,36 @@ def test_retrieve_and_delete(sdk):
                 }
             ],
         )
+
+
+def test_the_same_answer_and_call_as_the_chat_route(sdk):
+    """One chat core: a greedy request's text, and a compelled call, are the chat route's."""
+    chat = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ASK}], temperature=0, max_tokens=24
+    )
+    response = sdk.responses.create(model=MODEL, input=ASK, temperature=0, max_output_tokens=24)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+
+    function = {k: WEATHER[k] for k in ("name", "description", "parameters", "strict")}
+    ask = [{"role": "user", "content": "What's the weather in Oslo?"}]
+    chat = sdk.chat.completions.create(
+        model=MODEL,
+        messages=ask,
+        tools=[{"type": "function", "function": function}],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=120,
+    )
+    response = sdk.responses.create(
+        model=MODEL,
+        input=ask,
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=120,
+    )
+    [chat_call] = chat.choices[0].message.tool_calls
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert call.name == chat_call.function.name
+    assert json.loads(call.arguments) == json.loads(chat_call.function.arguments)
