@@ -201,6 +201,8 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
             prompt_ids, think_open = svc.prepare_chat(
                 [dict(m) for m in turn.messages], enable_thinking, list(tools.specs), tools.dialect
             )
+    except InvalidTurn:  # a raw prompt's own refusal (a ValueError too): as it is
+        raise
     except ChatTemplateError as exc:  # the template refused this conversation
         raise InvalidTurn(f"cannot render the chat template: {exc}", "messages") from None
     except TooManyTokens as exc:  # refused before tokenizing: certain not to fit
