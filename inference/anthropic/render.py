@@ -98,8 +98,7 @@ class Blocks:
 
     def content(self, finish: FinishEvent) -> list[dict]:
         """The finished blocks: a tool_use block's input is the call as parsed, or for a
-        call the token limit cut, what its streamed JSON holds ({} when it is no JSON
-        object yet)."""
+        call the token limit cut, the members its streamed JSON holds."""
         parsed = {call.id: call.arguments for call in finish.tool_calls}
         out = []
         for index, block in enumerate(self.blocks):
@@ -147,11 +146,16 @@ def _delta(index: int, delta: dict) -> tuple[str, dict]:
 
 
 def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    """A cut call's streamed arguments as an object. The dialects stream whole members
+    (`{"a": 1`, `, "b": "x"`, then `}`), so a cut one lacks only its `}`: read as the SDK's
+    partial JSON reads it."""
+    for candidate in (text, text + "}"):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else {}
+    return {}
 
 
 def message_json(
