@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from asgiref.sync import sync_to_async
 from django.db import connection
@@ -160,15 +160,15 @@ async def _first_event(started: StartedTurn, fallback: bool):
     return started, first
 
 
+@dataclass(frozen=True)
 class _TurnState:
     """What storing a finished response needs."""
 
-    def __init__(self, request, namespace, model, session_id, conversation):
-        self.request = request
-        self.namespace = namespace
-        self.model = model
-        self.session_id = session_id
-        self.conversation = conversation
+    request: ResponsesRequest
+    namespace: str
+    model: str
+    session_id: str | None  # None: the turn ran without a session
+    conversation: list[dict]  # the messages before its output, instructions excluded
 
 
 def _base_response(response_id: str, model: str, req: ResponsesRequest) -> dict:

@@ -200,6 +200,11 @@ def input_messages(value: object, *, allow_empty: bool = False) -> list[dict]:
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
+                if reasoning:  # thought between the turn's text and this call
+                    last["reasoning_content"] = last.get("reasoning_content", "") + "".join(
+                        reasoning
+                    )
+                    reasoning = []
             else:
                 message = {"role": "assistant", "content": "", "tool_calls": [call]}
                 if reasoning:

@@ -5,10 +5,13 @@ stored responses; a follow-up through previous_response_id resumes from the cach
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from tests.api.helpers import AsgiCall
+from tests.api.test_chat_disconnect import closed_streams  # noqa: F401  (fixture)
 from tests.conftest import SMOLLM2_NAME
 from tests.security.helpers import bearer, console_key, in_db
 from tests.security.helpers import call as _call
@@ -371,6 +374,32 @@ async def test_a_named_tool_choice_and_a_json_schema_format(app):
     assert reply.status == 200 and body["status"] == "completed", body
     assert body["text"]["format"]["name"] == "place"
     assert set(json.loads(body["output"][0]["content"][0]["text"])) == {"city"}
+
+
+async def test_hanging_up_mid_stream_aborts_the_generation_and_stores_nothing(
+    asgi_app,
+    served,
+    closed_streams,  # noqa: F811
+):
+    body = {
+        "input": "Count from 1 to 1000, separated by commas.",
+        "temperature": 0,
+        "max_output_tokens": 400,
+        "stream": True,
+    }
+    streaming = AsgiCall(asgi_app, RESPONSES, json.dumps(body).encode()).start()
+    deltas = lambda c: sum(b"response.output_text.delta" in chunk for chunk in c.chunks)  # noqa: E731
+    await streaming.wait_for(lambda c: deltas(c) >= 2, timeout=120)
+    assert streaming.status == 200 and closed_streams == []
+    created = json.loads(streaming.chunks[0].split(b"data: ", 1)[1])
+    streaming.hang_up.set()
+    await asyncio.wait_for(streaming.task, 10)  # the handler returns; nothing hangs
+    assert len(closed_streams) == 1  # the engine stream was closed: the generation stopped
+    assert not any(b"response.completed" in chunk for chunk in streaming.chunks)
+    rid = created["response"]["id"]
+    got = AsgiCall(asgi_app, f"{RESPONSES}/{rid}", b"", method="GET").start()
+    await asyncio.wait_for(got.task, 30)
+    assert got.status == 404  # never finished: never stored
 
 
 # --- reasoning (a think-style template) ----------------------------------------------
