@@ -82,7 +82,7 @@ EVENT_CALL = (
 )
 
 _CALL = re.compile(r"<tool_call>\n<function=([^>\n]+)>\n(.*)</function>\n</tool_call>", re.S)
-_PARAM = re.compile(r"<parameter=(\w+)>\n(.*?)\n</parameter>\n", re.S)
+_PARAM = re.compile(r"<parameter=(\w+)>\n(.*?)\n?</parameter>\n", re.S)
 
 
 def parse_call(text: str) -> tuple[str, dict]:
@@ -288,17 +288,72 @@ def test_string_lengths_are_enforced_and_patterns_reported(gtok, pieces):
     assert plan.status == "schema_downgraded" and "f.zip: pattern" in plan.message
 
 
+def starting(pieces: list[bytes], allowed: np.ndarray, prefixes: tuple[bytes, ...]) -> list:
+    return [p for i, p in enumerate(pieces) if allowed[i] and p.startswith(prefixes)]
+
+
+QUERY_OPEN = "<tool_call>\n<function=search>\n<parameter=query>\n"
+
+
 def test_a_string_value_cannot_contain_a_closing_tag(gtok, plan, pieces):
     c = Constraint(plan, gtok)
-    walk_to(c, pieces, "<tool_call>\n<function=search>\n<parameter=query>\na</parameter")
-    assert not any(c.allowed()[i] for i, p in enumerate(pieces) if p.startswith(b">"))
-    c = Constraint(plan, gtok)
-    walk_to(c, pieces, "<tool_call>\n<function=search>\n<parameter=query>\n")
-    assert not any(c.allowed()[i] for i, p in enumerate(pieces) if p.startswith(b"\n\n"))
+    walk_to(c, pieces, QUERY_OPEN)
+    assert not starting(pieces, c.allowed(), (b"\n\n",))
     for tag in ("</function", "</tool_call"):  # nor end the call for a first-match parser
         c = Constraint(plan, gtok)
-        walk_to(c, pieces, f"<tool_call>\n<function=search>\n<parameter=query>\na{tag}")
-        assert not any(c.allowed()[i] for i, p in enumerate(pieces) if p.startswith(b">"))
+        walk_to(c, pieces, QUERY_OPEN + "a</")
+        assert not starting(pieces, c.allowed(), (tag[2:3].encode(),))
+        with pytest.raises(AssertionError, match="no allowed token"):
+            walk_to(c, pieces, tag[2:])
+
+
+# The issue's sample at temperature 1: a value that started "</parameter" and went on.
+RUNAWAY = "weather_data</parameter:weather_data is not defined</parameter:"
+
+
+def test_once_a_closing_tag_starts_in_a_value_only_the_closing_tag_may_follow(gtok, plan, pieces):
+    c = Constraint(plan, gtok)
+    walk_to(c, pieces, QUERY_OPEN + "weather_data</p")
+    rest = b"arameter>\n"
+    allowed = starting(pieces, c.allowed(), (b"",))
+    assert allowed and all(rest.startswith(p) or p.startswith(rest) for p in allowed)
+    walk_to(c, pieces, "arameter")
+    assert {p[:1] for p in starting(pieces, c.allowed(), (b"",))} == {b">"}
+    with pytest.raises(AssertionError, match="no allowed token"):
+        walk_to(Constraint(plan, gtok), pieces, QUERY_OPEN + RUNAWAY)
+    # Every way into "</p" inside a value ends the value there, its line break optional.
+    for value in ("weather_data", "a<", "x</b> y", "</div>", ""):
+        for close in ("</parameter>\n", "\n</parameter>\n"):
+            if not value and close[0] != "\n":
+                continue
+            c = Constraint(plan, gtok)
+            ids = walk_to(c, pieces, QUERY_OPEN + value + close + "</function>\n</tool_call>")
+            assert c.done
+            assert parse_call(text_of(pieces, ids)) == ("search", {"query": value})
+
+
+def test_html_closing_tags_other_than_the_calls_stay_writable(gtok, plan, pieces):
+    c = Constraint(plan, gtok)
+    walk_to(c, pieces, QUERY_OPEN + "<b>bold</b>, <div>x</div>, <a href='/'>a</a>, <i>i</")
+    assert not starting(pieces, c.allowed(), (b"f", b"t"))
+    assert all(b"parameter>".startswith(p) for p in starting(pieces, c.allowed(), (b"p",)))
+    walk_to(c, pieces, "i>\n</parameter>\n</function>\n</tool_call>")
+    assert c.done
+
+
+def test_the_grammar_and_the_parser_read_a_value_alike(gtok, plan, pieces):
+    """What the grammar lets a value be is what the dialect's parser returns for it."""
+    from inference.engine.tools.dialects import QWEN_XML, parse_tools
+
+    for value, close in [("Oslo", "</parameter>\n"), ("Oslo\nNorway", "\n</parameter>\n")]:
+        c = Constraint(plan, gtok)
+        text = QUERY_OPEN + value + close + "</function>\n</tool_call>"
+        ids = walk_to(c, pieces, text)
+        parser = QWEN_XML.parser(parse_tools(TOOLS))
+        parser.push(text_of(pieces, ids))
+        parser.finish()
+        assert not parser.errors
+        assert [(k.name, k.arguments) for k in parser.calls] == [("search", {"query": value})]
 
 
 # -- the key property: random walks only produce valid calls -------------------------------

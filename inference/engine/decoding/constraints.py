@@ -71,8 +71,9 @@ class ConstraintPlan:
 
     status: "applied" | "schema_downgraded" | "ignored_unknown_type" | "text".
     grammar: llguidance's top-level grammar (JSON text); None = unconstrained.
-    schema: what the final content is validated against: the client's own schema, also
-    when downgraded (so a value breaking the dropped feature fails validation).
+    schema: what the final content is validated against: the client's own schema (its
+    objects closed, see closed_objects), also when downgraded (so a value breaking the
+    dropped feature fails validation).
     """
 
     status: str
@@ -107,6 +108,148 @@ def _type_only(schema: dict) -> dict:
     return dict(JSON_OBJECT_SCHEMA)
 
 
+# --- objects closed by default ---------------------------------------------------------
+#
+# An object schema that lists `properties` and says nothing of `additionalProperties` (or
+# `unevaluatedProperties`) admits any other key by JSON Schema's letter, and a model held
+# to it kept adding keys until `length`. Like llama.cpp and vLLM, the grammar and the
+# final check read a missing `additionalProperties` as false, at every nesting level; an
+# explicit value (true, a schema) is kept. Subschemas that describe one object together
+# (an `allOf` of several parts, `anyOf`/`oneOf`/`$ref` beside `properties`) are closed as
+# a whole: the object may hold the keys any of its parts names, and no other.
+
+# ("not" is left as it is: closing what it negates would widen the schema.)
+_SUBSCHEMA = ("additionalProperties", "unevaluatedProperties", "propertyNames", "if", "then")
+_SUBSCHEMA += ("else", "contains", "additionalItems", "unevaluatedItems")
+_SUBSCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_OPEN_KEYS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of `schema` with `additionalProperties: false` on every object schema that
+    lists `properties` and leaves additional ones unsaid (see above); `schema` itself is
+    not changed."""
+    if not isinstance(schema, dict):
+        return schema
+    keep_open: set[int] = set()  # ids of the parts of shared objects (nodes of `schema`)
+    _mark_parts(schema, schema, keep_open, 0)
+    return _close(schema, schema, keep_open)
+
+
+def _resolve(root: dict, ref: str) -> Any:
+    """The node a local `$ref` ("#/$defs/x") points to in `root`, else None."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = root
+    for key in filter(None, ref[1:].split("/")):
+        key = key.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            return None
+    return node
+
+
+def _parts(root: dict, node: dict) -> list[Any]:
+    """The subschemas that apply to the same instance as `node`'s own keywords (a `$ref`
+    part also as the node it points to; None where that cannot be resolved)."""
+    parts = [s for k in ("allOf", "anyOf", "oneOf") for s in _list(node.get(k))]
+    parts += [node[k] for k in ("if", "then", "else") if k in node]
+    dependent = node.get("dependentSchemas")
+    parts += list(dependent.values()) if isinstance(dependent, dict) else []
+    if isinstance(node.get("$ref"), str):
+        parts.append(_resolve(root, node["$ref"]))
+    for part in list(parts):
+        if isinstance(part, dict) and part is not node and isinstance(part.get("$ref"), str):
+            parts.append(_resolve(root, part["$ref"]))
+    return parts
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _shared(node: dict) -> bool:
+    """`node` and its parts describe one object together (else a lone anyOf's or oneOf's
+    branches are each an object of its own)."""
+    together = len(_list(node.get("allOf"))) + isinstance(node.get("$ref"), str)
+    together += sum(k in node for k in ("anyOf", "oneOf", "if", "dependentSchemas"))
+    return isinstance(node.get("properties"), dict) or together >= 2
+
+
+def _keep(root: dict, part: Any, keep_open: set[int], depth: int) -> None:
+    if not isinstance(part, dict) or id(part) in keep_open or depth > 64:
+        return
+    keep_open.add(id(part))
+    for sub in _parts(root, part):  # a part's own parts describe the same object too
+        _keep(root, sub, keep_open, depth + 1)
+
+
+def _mark_parts(root: dict, node: Any, keep_open: set[int], depth: int) -> None:
+    """Put the ids of the subschemas that are parts of a shared object in `keep_open`."""
+    if depth > 64:
+        return
+    if isinstance(node, dict):
+        if _shared(node):
+            for part in _parts(root, node):
+                _keep(root, part, keep_open, 0)
+        node = list(node.values())
+    if isinstance(node, list):
+        for item in node:
+            if isinstance(item, dict | list):
+                _mark_parts(root, item, keep_open, depth + 1)
+
+
+def _names(root: dict, part: Any, depth: int = 0) -> set[str] | None:
+    """The property names a part of a shared object lists; None when it admits others."""
+    if isinstance(part, bool):
+        return set()
+    if not isinstance(part, dict) or depth > 32:
+        return None
+    if any(part.get(k) not in (None, False) for k in _OPEN_KEYS):
+        return None
+    names = set(part.get("properties") or {})
+    for sub in _parts(root, part):
+        more = _names(root, sub, depth + 1)
+        if more is None:
+            return None
+        names |= more
+    return names
+
+
+def _close(root: dict, node: Any, keep_open: set[int]) -> Any:
+    if isinstance(node, list):
+        return [_close(root, item, keep_open) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key in _SUBSCHEMAS and isinstance(value, dict):
+            out[key] = {k: _close(root, v, keep_open) for k, v in value.items()}
+        elif key in _SUBSCHEMA or key in ("items", "prefixItems", "allOf", "anyOf", "oneOf"):
+            out[key] = _close(root, value, keep_open)
+        else:
+            out[key] = value
+    unsaid = "additionalProperties" not in node and "unevaluatedProperties" not in node
+    if not unsaid or id(node) in keep_open:
+        return out
+    if not _shared(node):
+        if isinstance(node.get("properties"), dict):
+            out["additionalProperties"] = False
+        return out
+    names: set[str] | None = set(node.get("properties") or {})
+    for part in _parts(root, node):
+        more = _names(root, part)
+        names = None if more is None or names is None else names | more
+    if names is not None:
+        own = out.get("properties") if isinstance(out.get("properties"), dict) else {}
+        out["properties"] = {**{n: {} for n in sorted(names - set(own))}, **own}
+        out["additionalProperties"] = False
+    return out
+
+
 def _plan_json_schema(spec: Any) -> ConstraintPlan:
     if not isinstance(spec, dict):
         raise ValueError("response_format.json_schema must be an object")
@@ -124,6 +267,7 @@ def _plan_json_schema(spec: Any) -> ConstraintPlan:
         message = f"response_format.json_schema.schema is invalid at {where}: {e.message}"
         raise ValueError(message) from None
 
+    schema = closed_objects(schema)
     grammar, is_error, messages = _compile(schema, _STRICT)
     if not is_error and not messages:
         return ConstraintPlan("applied", grammar=grammar, schema=schema)

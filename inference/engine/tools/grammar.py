@@ -11,12 +11,14 @@ the named tags, `<function name="NAME">` and `<parameter name="ARG">`, see XmlTa
     </function>
     </tool_call>
 
-A VALUE is spelled by its parameter's JSON-schema type: a string is raw text (never containing
-"</parameter>", "</function>" or "</tool_call>", not starting or ending with a line break, at
-most MAX_STRING_CHARS characters, within its minLength/maxLength); a plain integer, number,
+A VALUE is spelled by its parameter's JSON-schema type: a string is raw text (in which "</"
+never goes on with the first letter of "parameter", "function" or "tool_call", so a "</p"
+can only be the closing tag, which may also follow on the value's own line; not starting
+or ending with a line break, at most MAX_STRING_CHARS characters, within its
+minLength/maxLength); a plain integer, number,
 boolean or null is its JSON spelling; an enum of strings is one of its raw values; anything
 else (objects, arrays, bounded numbers, unions) is JSON matching the schema, via llguidance's
-%json. Required parameters come first, in `properties` order, then each optional one may
+%json, its objects closed where `additionalProperties` is unsaid. Required parameters come first, in `properties` order, then each optional one may
 appear, also in `properties` order. A compelled call (`closable`) may end the turn wherever
 only its closing tags are missing: after any parameter once the required ones are
 written, or after </function>; the caller then appends the closing text. The caller parses the call and validates its arguments
@@ -31,7 +33,12 @@ from typing import Any
 
 import llguidance
 
-from inference.engine.decoding.constraints import _COMPILE_DEFAULTS, _STRICT, ConstraintPlan
+from inference.engine.decoding.constraints import (
+    _COMPILE_DEFAULTS,
+    _STRICT,
+    ConstraintPlan,
+    closed_objects,
+)
 from inference.engine.tools.dialects import QWEN_TAGS, XmlTags
 
 MAX_STRING_CHARS = 2000
@@ -75,9 +82,15 @@ def _without(words: list[str]) -> str:
     return f"[^<]*(<({run(trie)})?)*"
 
 
-# Raw text never closes the parameter, nor (for a parser that searches for the first
-# closing tag) the function or the call.
-_NO_CLOSING_TAG = _regex(_without(["</parameter>", "</function>", "</tool_call>"]))
+# Raw text never starts a closing tag: "</" may not go on with the first letter of
+# "</parameter>", "</function>" or "</tool_call>", so once "</p" is written only the
+# parameter's closing tag may follow (a model that wrote "</parameter:" or "</function"
+# inside a value never found its way out; a first-match parser would cut the value at a
+# written tag). "</b>", "</div>" and the like stay writable.
+_VALUE_TEXT = _regex(_without(["</p", "</f", "</t"]))
+# The closing tag after raw text, its line break optional: a value ended by "</parameter>"
+# on the same line reads the same (the parser drops one line break at either end).
+_CLOSE_RAW = _regex(r"\n?</parameter>\n")
 
 
 def _string_token(schema: dict) -> tuple[str, str]:
@@ -98,14 +111,15 @@ def _string_token(schema: dict) -> tuple[str, str]:
     shape = _regex("|".join(f"({s})" for s in shapes))
     # Derived from the closing tag, never "~/...</parameter>.../": llguidance cannot always
     # tell that a lexeme built with "~" is finished, and then refuses what follows it.
-    token = f"({_NO_CLOSING_TAG} & {shape}) {_lit(_CLOSE_PARAMETER)}"
+    token = f"({_VALUE_TEXT} & {shape}) {_CLOSE_RAW}"
     loose = [k for k in ("pattern", "format", "contentEncoding") if k in schema]
     return token, f"{', '.join(loose)} of raw strings not enforced" if loose else ""
 
 
 def _json_rule(schema: dict) -> tuple[str, str]:
     """(Lark %json expansion, warning or "") for a schema llguidance compiles, else a
-    weaker schema it does."""
+    weaker schema it does. Objects are closed as for response_format (closed_objects)."""
+    schema = closed_objects(schema)
     guidance = {**_COMPILE_DEFAULTS, **_STRICT}
     attempts = [
         {**schema, "x-guidance": guidance},
