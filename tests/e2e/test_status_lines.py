@@ -138,7 +138,7 @@ def test_every_documented_status_gets_the_standard_phrase_from_the_request_class
     """What the wire tests cannot provoke (500, 507): the status line the request class
     writes for every status the OpenAPI document lists."""
     request_class = daphne_hooks._request_class()
-    for status in [200, *openapi._ERRORS]:
+    for status in sorted({200, 406, 501, *openapi._ERRORS}):
         request = request_class.__new__(request_class)  # setResponseCode needs no state
         request.setResponseCode(status)
         assert request.code_message == HTTPStatus(status).phrase.encode(), status
