@@ -28,7 +28,13 @@ from inference.serializers import (
     TEMPERATURE_RANGE,
 )
 from operators.serializers import NAME_MAX
-from pantheon_site import openapi_anthropic, openapi_meta, openapi_responses, routes
+from pantheon_site import (
+    openapi_anthropic,
+    openapi_completions,
+    openapi_meta,
+    openapi_responses,
+    routes,
+)
 from sessions.views import ESTIMATE_MAX, SESSION_ID_MAX, TOKEN_ID_LIMIT
 
 OPENAPI_VERSION = "3.1.0"
@@ -1116,6 +1122,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
     }
     openapi_meta.add_paths(paths)  # /health, /v1/models/{model_id}, the /v1-less aliases
     openapi_responses.add_paths(paths)  # /v1/responses, /v1/responses/{response_id}
+    openapi_completions.add_paths(paths)  # /v1/completions, /v1/embeddings, /tokenize, ...
     openapi_anthropic.add_paths(paths)  # /v1/messages, /v1/messages/count_tokens
     if debug_routes:
         paths[DEBUG_PATH] = {
@@ -1190,6 +1197,7 @@ def _document(debug_routes: bool) -> dict:
                 **_SCHEMAS,
                 **openapi_meta.schemas(),
                 **openapi_responses.schemas(),
+                **openapi_completions.schemas(),
                 **openapi_anthropic.schemas(),
                 "ChatCompletionRequest": _chat_request(),
             },

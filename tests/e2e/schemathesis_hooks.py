@@ -22,6 +22,7 @@ MAX_TOKENS_FIELD = {
     CHAT_PATH: "max_tokens",
     "/v1/responses": "max_output_tokens",
     "/v1/messages": "max_tokens",
+    "/v1/completions": "max_tokens",
 }
 
 
