@@ -1,4 +1,4 @@
-"""Client routes: GET /, GET /v1/models, POST /v1/chat/completions.
+"""Client routes: GET /, POST /v1/chat/completions (GET /v1/models: meta_views).
 
 Views validate, call the runtime/engine, render. No tensor or tokenizer code here, and no
 generation logic: a chat request becomes the chat core's Turn (inference.engine.chat),
@@ -61,33 +61,6 @@ class HealthView(APIView):
         if load_errors:
             body["load_errors"] = load_errors
         return Response(body)
-
-
-class ModelsView(APIView):
-    """GET /v1/models: one row per served name, loaded models only."""
-
-    def get(self, request):
-        data = []
-        for name, svc in sorted(runtime.services().items()):
-            row = {
-                "id": name,
-                "object": "model",
-                "created": svc.created,
-                "owned_by": "pantheon",
-                "max_sessions": svc.max_sessions,
-                "max_concurrent": svc.max_concurrent,
-            }
-            # A "required" tool call is compelled after an unconstrained think block
-            # (every dialect has a grammar; none when PANTHEON_TOOL_GRAMMAR=0).
-            row["tool_choice_required_with_thinking"] = svc.think_style and (
-                getattr(settings, "PANTHEON_TOOL_GRAMMAR", None) is not False
-            )
-            if svc.context_window:  # omitted when unknown, never 0 (the contract)
-                row["context_window"] = svc.context_window
-            data.append(row)
-        return Response(
-            {"object": "list", "backend": kernels.backend_name(), "build": build_id(), "data": data}
-        )
 
 
 # --- POST /v1/chat/completions ------------------------------------------------------
