@@ -163,7 +163,7 @@ class Backend(ABC):
 
     def decode_stack(self, layers: Sequence, hp, spec) -> Callable | None:
         """Optionally, the whole layer stack of a decode step as one compiled call:
-        `run(x, slots, positions, kv)` updates x (B, D) through every layer in place, with
+        `run(x, slots, positions, kv)` returns x (B, D) through every layer, with
         the bits of the per-op path (`DecoderModel.block`). None (the default): the model
         runs the per-op path. `layers`: the model's LayerWeights; hp, spec: its HParams and
         ArchSpec."""

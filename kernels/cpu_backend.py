@@ -234,10 +234,12 @@ class CpuBackend(NumpyBackend):
         plan = self.ext.decode_plan(dims, rows, keep)
         ext = self.ext
 
-        def run(x, slots, positions, kv) -> None:
+        def run(x, slots, positions, kv) -> np.ndarray:
+            x = np.array(x, dtype=np.float32, order="C")  # a copy, updated in place
             slots = np.ascontiguousarray(slots, dtype=np.int64)
             positions = np.ascontiguousarray(positions, dtype=np.int64)
             ext.decode_layers(plan, x, slots, positions, kv.k, kv.v)
             kv.note_written(slots, positions + 1)
+            return x
 
         return run

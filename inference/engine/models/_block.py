@@ -262,8 +262,7 @@ class DecoderModel:
         if self.decode_stack is None:
             x = self._layers(x, step)
         else:
-            x = np.array(x, dtype=np.float32, order="C")  # updated in place
-            self.decode_stack(x, slots, pos, kv)
+            x = self.decode_stack(x, slots, pos, kv)
         return self._logits(x, step)
 
     # ---- the shared block ----
