@@ -14,6 +14,7 @@ from inference.engine.decoding.constraints import (
     Constraint,
     ConstraintPlan,
     GrammarTokenizer,
+    closed_objects,
     fill_masks,
     plan_response_format,
     validate_output,
@@ -140,7 +141,8 @@ def test_an_unsupported_feature_downgrades_and_names_it(schema, feature):
     plan = plan_response_format(json_schema(schema))
     assert plan.status == "schema_downgraded"
     assert feature in plan.message
-    assert plan.grammar and plan.schema == schema  # validated against what was asked
+    # validated against what was asked (its objects closed)
+    assert plan.grammar and plan.schema == closed_objects(schema)
 
 
 def test_a_downgraded_schema_still_enforces_the_rest(gtok, smollm2_tokenizer):
@@ -163,6 +165,117 @@ def test_an_inexpressible_pattern_falls_back_to_the_type(gtok, smollm2_tokenizer
     c = Constraint(plan, gtok)
     assert c.allowed()[smollm2_tokenizer.encode('"')[0]]
     assert not c.allowed()[smollm2_tokenizer.encode("{")[0]]
+
+
+# -- objects are closed unless the schema says otherwise ---------------------------------
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "temp": {"type": "number"}},
+    "required": ["city"],
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "closed"),
+    [
+        (CITY, {**CITY, "additionalProperties": False}),
+        # every nesting level: properties, items, anyOf branches, $defs
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                    "l": {"type": "array", "items": {"properties": {"x": {}}}},
+                    "u": {"anyOf": [{"properties": {"y": {}}}, {"type": "null"}]},
+                    "r": {"$ref": "#/$defs/R"},
+                },
+                "$defs": {"R": {"properties": {"z": {}}}},
+            },
+            {
+                "type": "object",
+                "properties": {
+                    "a": {
+                        "type": "object",
+                        "properties": {"b": {"type": "integer"}},
+                        "additionalProperties": False,
+                    },
+                    "l": {
+                        "type": "array",
+                        "items": {"properties": {"x": {}}, "additionalProperties": False},
+                    },
+                    "u": {
+                        "anyOf": [
+                            {"properties": {"y": {}}, "additionalProperties": False},
+                            {"type": "null"},
+                        ]
+                    },
+                    "r": {"$ref": "#/$defs/R"},
+                },
+                "$defs": {"R": {"properties": {"z": {}}, "additionalProperties": False}},
+                "additionalProperties": False,
+            },
+        ),
+        # explicit values are kept; an object without properties stays any object
+        ({**CITY, "additionalProperties": True}, {**CITY, "additionalProperties": True}),
+        (
+            {**CITY, "additionalProperties": {"type": "integer"}},
+            {**CITY, "additionalProperties": {"type": "integer"}},
+        ),
+        ({**CITY, "unevaluatedProperties": False}, {**CITY, "unevaluatedProperties": False}),
+        ({"type": "object"}, {"type": "object"}),
+        (
+            {"type": "array", "items": {"type": "object"}},
+            {"type": "array", "items": {"type": "object"}},
+        ),
+        # parts of one object are closed as a whole: any part's keys, no others
+        (
+            {
+                "allOf": [{"properties": {"a": {}}}, {"$ref": "#/$defs/B"}],
+                "$defs": {"B": {"properties": {"b": {}}}},
+            },
+            {
+                "allOf": [{"properties": {"a": {}}}, {"$ref": "#/$defs/B"}],
+                "$defs": {"B": {"properties": {"b": {}}}},
+                "properties": {"a": {}, "b": {}},
+                "additionalProperties": False,
+            },
+        ),
+        # a part that admits other keys leaves the whole open; "not" is never narrowed
+        (
+            {"allOf": [{"properties": {"a": {}}}, {"additionalProperties": True}]},
+            {"allOf": [{"properties": {"a": {}}}, {"additionalProperties": True}]},
+        ),
+        ({"not": {"properties": {"a": {}}}}, {"not": {"properties": {"a": {}}}}),
+    ],
+)
+def test_objects_without_additional_properties_are_closed(schema, closed):
+    before = json.dumps(schema)
+    assert closed_objects(schema) == closed
+    assert json.dumps(schema) == before  # the client's schema is not changed
+    if closed != schema:  # the plan's grammar and its final check use the closed schema
+        assert plan_response_format(json_schema(schema)).schema == closed
+
+
+def test_an_unsaid_additional_properties_is_false_in_the_grammar_and_the_check(
+    gtok, smollm2_tokenizer
+):
+    tok = smollm2_tokenizer
+    nested = {"type": "object", "properties": {"where": CITY}, "required": ["where"]}
+    for schema, head in [(CITY, '{"city": "Oslo", "'), (nested, '{"where": {"city": "Oslo", "')]:
+        plan = plan_response_format(json_schema(schema))
+        c = Constraint(plan, gtok)
+        walk(c, tok.encode(head))
+        allowed = [tok.token_bytes(int(i)) for i in np.flatnonzero(c.allowed())]
+        assert allowed and all(b"temp".startswith(p) or p.startswith(b"temp") for p in allowed)
+        close = "}" * head.count("{")
+        ok, why = validate_output(plan, head + 'x": 1' + close)
+        assert not ok and "Additional properties are not allowed" in why, why
+        assert validate_output(plan, head + 'temp": 1' + close) == (True, "")
+    plan = plan_response_format(json_schema({**CITY, "additionalProperties": True}))
+    c = Constraint(plan, gtok)
+    walk(c, tok.encode('{"city": "Oslo", "x": [1]}'))
+    assert c.accepting and validate_output(plan, '{"city": "Oslo", "x": [1]}')[0]
 
 
 # -- walking a grammar token by token ----------------------------------------------------
