@@ -62,6 +62,7 @@ class OllamaRequest:
     logprobs: bool
     session_id: str | None  # X-Session-Id, before it is put in its key's namespace
     keep_alive: object = None  # validated and accepted; see README "Ollama API"
+    raw_prompt: str | None = None  # /api/generate with raw: the prompt as is, no template
 
     def turn(self, request_id: str) -> Turn:
         return Turn(
@@ -72,6 +73,7 @@ class OllamaRequest:
             sampling=self.sampling,
             logprobs=self.logprobs,
             request_id=request_id,
+            raw_prompt=self.raw_prompt,
         )
 
 
@@ -507,12 +509,11 @@ def parse_chat(data: dict, header_session: str | None = None) -> OllamaRequest:
     )
 
 
-def parse_generate(
-    data: dict, header_session: str | None = None, *, raw_supported: bool = False
-) -> OllamaRequest:
+def parse_generate(data: dict, header_session: str | None = None) -> OllamaRequest:
     """POST /api/generate's body: `prompt` (and `system`) as a one-turn conversation
-    through the model's chat template. `raw`, `template`, `suffix`, `context` and
-    `images` are refused clearly (see README, "Ollama API")."""
+    through the model's chat template, or with `raw` the prompt as is (no template).
+    `template`, `suffix`, `context` and `images` are refused clearly (see README,
+    "Ollama API")."""
     common = _common(data, header_session)
     prompt = _string(data, "prompt")
     system = _string(data, "system")
@@ -537,12 +538,16 @@ def parse_generate(
             "X-Session-Id header to reuse its cache",
             "context",
         )
-    if _bool(data, "raw") and not raw_supported:
-        raise invalid_request(
-            "raw: prompts without the chat template are not supported on /api/generate "
-            "yet; leave `raw` out (the prompt then goes through the model's template)",
-            "raw",
-        )
+    if _bool(data, "raw"):
+        if system:
+            raise invalid_request(
+                "system: with raw the prompt is sent as is (no template to put a system "
+                "prompt in); write it into the prompt, or leave raw out",
+                "system",
+            )
+        # No messages: an empty prompt is still Ollama's "load the model".
+        messages = ({"role": "user", "content": prompt},) if prompt else ()
+        return OllamaRequest(messages=messages, tools=(), raw_prompt=prompt or None, **common)
     messages: list[dict] = []
     if prompt:
         if system:
@@ -556,21 +561,41 @@ def parse_show(data: dict) -> str:
     return model_name(data)
 
 
-def parse_embed(data: dict, *, legacy: bool) -> tuple[str, list[str]]:
-    """(model, inputs): /api/embed's `input` (a string or an array of strings), or the
-    legacy /api/embeddings' `prompt` (one string)."""
+@dataclass(frozen=True)
+class EmbedRequest:
+    model: str
+    inputs: list[str]
+    truncate: bool  # an input over the window is cut to it (Ollama's default), else a 400
+    dimensions: int | None
+
+
+MAX_EMBED_INPUTS = 2048  # as /v1/embeddings
+
+
+def parse_embed(data: dict, *, legacy: bool) -> EmbedRequest:
+    """/api/embed's `input` (a string or an array of strings), `truncate`, `dimensions`;
+    or the legacy /api/embeddings' `prompt` (one string). `options` and `keep_alive` are
+    checked and otherwise unused (no sampling here)."""
     model = model_name(data)
     key = "prompt" if legacy else "input"
     value = data.get(key)
     if value is None:
         value = "" if legacy else []
     if isinstance(value, str):
-        inputs = [value]
+        inputs = [value] if value or not legacy else []
     elif isinstance(value, list) and not legacy and all(isinstance(s, str) for s in value):
         inputs = list(value)
     else:
         expected = "a string" if legacy else "a string or an array of strings"
         raise invalid_request(f"{key}: expected {expected}, got {kind(value)}", key)
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise invalid_request(f"{key}: at most {MAX_EMBED_INPUTS} inputs", key)
+    if not legacy and any(not s for s in inputs):
+        raise invalid_request(f"{key}: an input is an empty string: nothing to embed", key)
     options_of(data)
     keep_alive(data)
-    return model, inputs
+    truncate = _bool(data, "truncate")
+    dimensions = data.get("dimensions")
+    if dimensions is not None:
+        dimensions = _integer(dimensions, "dimensions")
+    return EmbedRequest(model, inputs, True if truncate is None else truncate, dimensions)

@@ -8,6 +8,7 @@ Every error on these routes has Ollama's shape, `{"error": "message"}`, with its
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from contextlib import aclosing
@@ -18,10 +19,12 @@ from django.views.decorators.csrf import csrf_exempt
 from inference import runtime as registry
 from inference import shutdown
 from inference.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
-from inference.engine.types import FinishEvent, GenerationFailed, TokenEvent
+from inference.engine.text.tokenizer import TooManyTokens
+from inference.engine.types import ContextOverBudget, FinishEvent, GenerationFailed, TokenEvent
 from inference.errors import ApiError, json_response, method_not_allowed, shutting_down
 from inference.ollama import parse, render
 from inference.ollama.render import Answer, Clock, NdjsonResponse, error_response
+from inference.request_log import note
 from inference.serializers import parse_json_object
 
 log = logging.getLogger("pantheon.http")
@@ -203,22 +206,71 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
 
 
 async def _embed(request: HttpRequest, *, legacy: bool) -> HttpResponse:
+    """Each input tokenized as a raw prompt (no template), prefilled alone on a scratch
+    cache and pooled, L2-normalised (ModelService.embed: the model's `pooling`)."""
     if refused := _method(request, "POST"):
         return refused
+    if shutdown.draining():
+        return error_response(shutting_down())
+    clock = Clock()
     try:
         deadline = turn_deadline()
-        model, _inputs = await off_loop(
+        parsed = await off_loop(
             deadline, lambda: parse.parse_embed(parse_json_object(request.body), legacy=legacy)
         )
-        resolve(model)
-        raise ApiError(
-            501,
-            "embeddings are not available on this server yet: its engine has no embedding "
-            "path (/api/embed and /api/embeddings answer once it has)",
-            "not_implemented",
-        )
+        name, svc = resolve(parsed.model)
+        note(request, model=name)
+        width = svc.embedding_width
+        if parsed.dimensions is not None and parsed.dimensions != width:
+            raise ApiError(
+                400,
+                f"dimensions: this model's embeddings have {width} dimensions and cannot be "
+                f"shortened; leave dimensions out (or send {width})",
+                "invalid_request_error",
+            )
+        lists = await off_loop(deadline, lambda: _token_lists(svc, parsed))
+        clock.mark_ready()
+        vectors = await asyncio.wrap_future(svc.embed(lists)) if lists else []
+        clock.mark_end()
     except Exception as exc:
         return _refusal(exc)
+    if legacy:
+        return json_response({"embedding": vectors[0].tolist() if len(vectors) else []})
+    return json_response(
+        {
+            "model": parsed.model,
+            "embeddings": [v.tolist() for v in vectors],
+            "total_duration": clock.end - clock.start,
+            "load_duration": clock.ready - clock.start,
+            "prompt_eval_count": sum(len(ids) for ids in lists),
+        }
+    )
+
+
+def _token_lists(svc, parsed: parse.EmbedRequest) -> list[list[int]]:
+    """Each input's ids, as a raw prompt is tokenized; one over the window is cut to it
+    when `truncate` (Ollama's default), else refused."""
+    window = svc.context_window_configured
+    out = []
+    for text in parsed.inputs:
+        while True:
+            try:
+                ids = svc.encode_raw(text)
+                break
+            except TooManyTokens as exc:  # certain not to fit, refused untokenized
+                if not parsed.truncate:
+                    raise ContextOverBudget(exc.at_least, exc.limit, at_least=True) from None
+                # A prefix the bound no longer refuses (it shrinks every time).
+                keep = exc.limit * max(1, len(text) // max(1, exc.at_least))
+                text = text[: min(keep, len(text) // 2)]
+        if len(ids) > window:
+            if not parsed.truncate:
+                raise ContextOverBudget(len(ids), window)
+            ids = ids[:window]
+        if not ids:
+            raise ApiError(400, "input: an input has no tokens to embed", "invalid_request_error")
+        out.append(ids)
+    return out
 
 
 # --- models ----------------------------------------------------------------------------
@@ -287,15 +339,21 @@ MANAGED = {
 }
 
 
+def managed_method(action: str) -> str:
+    """Ollama's method for the action: DELETE /api/delete, POST the others."""
+    return "DELETE" if action == "delete" else "POST"
+
+
 @csrf_exempt
 def managed(request: HttpRequest, action: str) -> HttpResponse:
     """/api/pull, /push, /create, /delete, /copy: refused; models are the operator's."""
-    what = MANAGED[action]
+    if refused := _method(request, managed_method(action)):
+        return refused
     return error_response(
         ApiError(
             403,
-            f"{what} is not supported here: models are loaded and unloaded by the "
-            "operator (POST /admin/models/load, /admin/models/unload, /admin/aliases); "
+            f"{MANAGED[action]} is not supported here: models are loaded and unloaded by "
+            "the operator (POST /admin/models/load, /admin/models/unload, /admin/aliases); "
             "GET /api/tags lists the loaded ones",
             "operator_managed",
         )

@@ -39,6 +39,19 @@ def post(client):
     return post
 
 
+@pytest.fixture
+def small(served, smollm2_service):
+    """SmolLM2 served as "small" with a 256-token window (a sibling over the same
+    weights): over-window requests cost little."""
+    from dataclasses import replace
+
+    svc = smollm2_service.sibling(replace(smollm2_service.config, name="small", ctx_cap=256))
+    served.register("small", svc)
+    yield svc
+    served.unregister("small")
+    svc.close()
+
+
 def chat_body(**extra) -> dict:
     return {"model": MODEL, "messages": HELLO, "stream": False, "options": GREEDY, **extra}
 
@@ -236,6 +249,27 @@ async def test_generate_plain_and_streamed(served, post):
     assert system.json()["prompt_eval_count"] != plain["prompt_eval_count"]
 
 
+async def test_generate_raw_renders_no_template(served, post, smollm2_service):
+    """raw: the prompt as is. The chat template's own text for the conversation, sent
+    raw, is the templated request's prompt: the same tokens, the same greedy text."""
+    from inference.engine.text.chat_template import normalize_messages
+
+    rendered = smollm2_service.template.render(
+        normalize_messages([dict(m) for m in HELLO]), add_generation_prompt=True
+    )
+    body = {"model": MODEL, "options": GREEDY, "stream": False}
+    templated = (await post("/api/generate", {**body, "prompt": HELLO[0]["content"]})).json()
+    raw = (await post("/api/generate", {**body, "prompt": rendered, "raw": True})).json()
+    assert raw["prompt_eval_count"] == templated["prompt_eval_count"]
+    assert raw["response"] == templated["response"]
+    bare = (await post("/api/generate", {**body, "prompt": "Paris is", "raw": True})).json()
+    assert bare["prompt_eval_count"] == len(smollm2_service.encode_raw("Paris is"))
+    error = error_of(
+        await post("/api/generate", {**body, "prompt": "x", "raw": True, "system": "s"}), 400
+    )
+    assert "system" in error
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
@@ -253,16 +287,16 @@ async def test_generate_refuses_what_it_cannot_honour(served, post, extra, field
 # --- validation ------------------------------------------------------------------------
 
 
-async def test_num_ctx_above_the_window_is_refused_not_truncated(served, post, smollm2_service):
-    window = smollm2_service.context_window
+async def test_num_ctx_above_the_window_is_refused_not_truncated(post, small):
+    window = small.context_window
+    body = chat_body(model="small")
     error = error_of(
-        await post("/api/chat", chat_body(options={**GREEDY, "num_ctx": window + 1})), 400
+        await post("/api/chat", {**body, "options": {**GREEDY, "num_ctx": window + 1}}), 400
     )
     assert "num_ctx" in error and str(window) in error
-    ok = await post("/api/chat", chat_body(options={**GREEDY, "num_ctx": window}))
-    assert ok.status_code == 200
-    ok = await post("/api/chat", chat_body(options={**GREEDY, "num_ctx": 2048}))
-    assert ok.status_code == 200
+    for num_ctx in (window, 128):
+        ok = await post("/api/chat", {**body, "options": {**GREEDY, "num_ctx": num_ctx}})
+        assert ok.status_code == 200
 
 
 async def test_an_unknown_model_is_404_even_with_one_loaded(served, post):
@@ -318,10 +352,9 @@ async def test_a_body_that_is_no_json_object_is_a_400(served, post):
     error_of(await post("/api/chat", b"{"), 400)
 
 
-async def test_a_prompt_over_the_window_is_a_400(served, post, smollm2_service):
-    window = smollm2_service.context_window
-    long = "hello " * (window + 10)
-    body = chat_body(messages=[{"role": "user", "content": long}])
+async def test_a_prompt_over_the_window_is_a_400(post, small):
+    long = "hello " * (small.context_window + 10)
+    body = chat_body(model="small", messages=[{"role": "user", "content": long}])
     assert "context" in error_of(await post("/api/chat", body), 400)
 
 
@@ -377,3 +410,39 @@ async def test_model_management_is_refused_clearly(served, client, post):
 async def test_wrong_methods(served, client, post):
     assert (await client.get("/api/chat")).status_code == 405
     error_of(await post("/api/tags", {}), 405)
+
+
+# --- embeddings --------------------------------------------------------------------------
+
+
+async def test_embed_single_batch_and_legacy(served, post, smollm2_service):
+    width = smollm2_service.embedding_width
+    texts = ["The cat sat on the mat.", "Paris is the capital of France."]
+    batch = await post("/api/embed", {"model": MODEL, "input": texts})
+    assert batch.status_code == 200, batch.content
+    body = batch.json()
+    assert body["model"] == MODEL and len(body["embeddings"]) == 2
+    assert all(len(v) == width for v in body["embeddings"])
+    assert body["prompt_eval_count"] == sum(len(smollm2_service.encode_raw(t)) for t in texts)
+    for v in body["embeddings"]:
+        assert abs(sum(x * x for x in v) - 1.0) < 1e-4  # L2-normalised
+    alone = (await post("/api/embed", {"model": MODEL, "input": texts[1]})).json()
+    assert alone["embeddings"][0] == body["embeddings"][1]  # the same bits alone
+    legacy = (await post("/api/embeddings", {"model": MODEL, "prompt": texts[1]})).json()
+    assert legacy["embedding"] == body["embeddings"][1]
+    assert (await post("/api/embed", {"model": MODEL, "input": []})).json()["embeddings"] == []
+
+
+async def test_embed_refusals_and_truncation(post, small):
+    window = small.context_window_configured
+    for long in ("hello " * (window + 50), "hello" * (window * 20)):
+        body = {"model": "small", "input": long}
+        assert "context" in error_of(await post("/api/embed", {**body, "truncate": False}), 400)
+        cut = await post("/api/embed", body)  # truncate: Ollama's default
+        assert cut.status_code == 200 and cut.json()["prompt_eval_count"] == window
+    assert "dimensions" in error_of(
+        await post("/api/embed", {"model": MODEL, "input": "x", "dimensions": 3}), 400
+    )
+    assert "input" in error_of(await post("/api/embed", {"model": MODEL, "input": [""]}), 400)
+    assert "input" in error_of(await post("/api/embed", {"model": MODEL, "input": 5}), 400)
+    error_of(await post("/api/embed", {"model": "nope", "input": "x"}), 404)
