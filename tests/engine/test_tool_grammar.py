@@ -511,3 +511,22 @@ def test_a_compelled_call_may_end_only_where_only_closing_tags_are_missing(
         walk_to(closable, pieces, "" if "</function>" in written else "</function>\n")
         walk_to(closable, pieces, "</tool_call>")
         assert closable.done
+
+
+def test_object_parameters_without_additional_properties_take_only_their_keys(gtok, pieces):
+    """Tool parameters are read as response_format's schemas: an unsaid
+    additionalProperties is false, in the XML dialects' JSON values and in the JSON
+    dialect's call."""
+    from inference.engine.tools.dialects import JSON_DIALECT, QWEN_XML
+    from inference.engine.tools.prompt import call_plan
+
+    opts = {"type": "object", "properties": {"k": {"type": "integer"}}}
+    tools = [tool("f", {"opts": opts}, ["opts"])]
+    for dialect, head in [
+        (QWEN_XML, '<tool_call>\n<function=f>\n<parameter=opts>\n{"'),
+        (JSON_DIALECT, '{"name": "f", "arguments": {"opts": {"'),
+    ]:
+        c = Constraint(call_plan(dialect, tools), gtok)
+        walk_to(c, pieces, head)
+        allowed = starting(pieces, c.allowed(), (b"",))
+        assert allowed and all(b'k"'.startswith(p) or p.startswith(b'k"') for p in allowed)
