@@ -187,24 +187,25 @@ async def test_a_tool_round_trip_renders_and_answers(served, post):
         assert isinstance(call["function"]["arguments"], dict)
 
 
-async def test_a_tool_call_comes_back_in_ollamas_shape(served, post):
-    """SmolLM2 asked to use its only tool: when it calls (greedy: the same each run), the
-    call is Ollama's shape, in the joined answer and as the streamed chunk before the
-    final one."""
+async def test_a_tool_call_comes_back_in_ollamas_shape(served, post, settings):
+    """Asked to use its only tool, SmolLM2 opens a call (greedy); with the call grammar
+    masking an opened call (PANTHEON_TOOL_GRAMMAR=1: Ollama has no tool_choice) it is a
+    well-formed get_weather call: Ollama's shape (arguments an object) in the joined
+    answer, and as the streamed chunk before the final one."""
+    settings.PANTHEON_TOOL_GRAMMAR = True
     ask = [{"role": "user", "content": "What's the weather in Paris? Use the tool."}]
     options = {"temperature": 0, "num_predict": 64}
-    plain = await post("/api/chat", chat_body(messages=ask, tools=[WEATHER], options=options))
+    body = chat_body(messages=ask, tools=[WEATHER], options=options)
+    plain = await post("/api/chat", body)
     assert plain.status_code == 200, plain.content
-    calls = plain.json()["message"].get("tool_calls")
-    body = chat_body(messages=ask, tools=[WEATHER], options=options, stream=True)
-    lines = await ndjson(await post("/api/chat", body))
-    streamed = [c for line in lines for c in line["message"].get("tool_calls", [])]
-    assert streamed == (calls or [])
-    if calls:
-        assert calls[0]["function"]["name"] == "get_weather"
-        assert isinstance(calls[0]["function"]["arguments"], dict)
-        assert plain.json()["done_reason"] == "stop"
-        assert "tool_calls" in lines[-2]["message"] and lines[-1]["done"] is True
+    (call,) = plain.json()["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert call["function"]["arguments"] == {"city": "Paris"}
+    assert plain.json()["done_reason"] == "stop"
+    lines = await ndjson(await post("/api/chat", {**body, "stream": True}))
+    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "stop"
+    (streamed,) = lines[-2]["message"]["tool_calls"]
+    assert streamed["function"] == call["function"]
 
 
 async def test_think_on_a_think_template(served, thinker, post):
