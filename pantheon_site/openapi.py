@@ -32,6 +32,7 @@ from pantheon_site import (
     openapi_anthropic,
     openapi_completions,
     openapi_meta,
+    openapi_ollama,
     openapi_responses,
     routes,
 )
@@ -1124,6 +1125,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
     openapi_responses.add_paths(paths)  # /v1/responses, /v1/responses/{response_id}
     openapi_completions.add_paths(paths)  # /v1/completions, /v1/embeddings, /tokenize, ...
     openapi_anthropic.add_paths(paths)  # /v1/messages, /v1/messages/count_tokens
+    openapi_ollama.add_paths(paths)  # /api/chat, /api/generate, /api/tags, ... (Ollama's)
     if debug_routes:
         paths[DEBUG_PATH] = {
             "post": _operation(
@@ -1199,6 +1201,7 @@ def _document(debug_routes: bool) -> dict:
                 **openapi_responses.schemas(),
                 **openapi_completions.schemas(),
                 **openapi_anthropic.schemas(),
+                **openapi_ollama.schemas(),
                 "ChatCompletionRequest": _chat_request(),
             },
             "responses": _responses_components(),

@@ -40,9 +40,10 @@ from inference.serializers import (
 THINK_LEVELS = ("high", "medium", "low")  # Ollama's levels: any of them turns thinking on
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 # Ollama's duration strings (Go's time.ParseDuration): "5m", "1h30m", "-1s", "0.5h".
-_DURATION = re.compile(
-    r"^[+-]?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))*$"
+DURATION_PATTERN = (
+    r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))*\s*$"
 )
+_DURATION = re.compile(DURATION_PATTERN)
 LATEST = ":latest"
 
 
@@ -167,7 +168,7 @@ def keep_alive(data: dict) -> object:
     if value is None:
         return None
     if isinstance(value, str):
-        if not (_DURATION.match(value.strip()) or value.strip().lstrip("+-").isdigit()):
+        if not _DURATION.match(value):
             raise invalid_request(
                 f'keep_alive: {json.dumps(value)} is not a duration (e.g. "5m", "1h", '
                 '"-1", or a number of seconds)',

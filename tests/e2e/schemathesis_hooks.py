@@ -26,8 +26,23 @@ MAX_TOKENS_FIELD = {
 }
 
 
+# Ollama's routes bound their answer with options.num_predict (absent: 1024).
+OLLAMA_PATHS = ("/api/chat", "/api/generate")
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
+    if case.operation.path in OLLAMA_PATHS and isinstance(case.body, dict):
+        options = case.body.get("options")
+        if options is None:
+            options = case.body["options"] = {}
+        if isinstance(options, dict):
+            value = options.get("num_predict")
+            if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+                options["num_predict"] = (
+                    MAX_TOKENS if not value or value < 1 else min(MAX_TOKENS, value)
+                )
+        return
     field = MAX_TOKENS_FIELD.get(case.operation.path)
     if field is None or not isinstance(case.body, dict):
         return
