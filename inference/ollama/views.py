@@ -53,10 +53,20 @@ def resolve(model: str):
     even when one model is loaded (Ollama's 404 "model not found")."""
     rt = registry.runtime
     services = rt.services()
+    if not services:
+        return rt.resolve(model)  # NoModelsLoaded: 503, saying why (loading, failed, none)
+    states = rt.states()
     for candidate in parse.name_candidates(model):
         name = rt.follow(candidate)
         if name in services:
             return rt.resolve(name)
+        if getattr(states.get(name), "state", None) == registry.LOADING:
+            raise ApiError(
+                503,
+                f'model "{model}" is still loading; retry shortly',
+                "model_loading",
+                headers={"Retry-After": "1"},
+            )
     served = ", ".join(sorted(parse.ollama_name(n) for n in services)) or "none"
     raise ApiError(
         404,
@@ -114,6 +124,14 @@ async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
         parsed = await off_loop(deadline, parse_body)
         name, svc = resolve(parsed.model)
         _check_window(parsed, svc)
+        if parsed.enable_thinking and not svc.think_style and parsed.raw_prompt is None:
+            raise ApiError(  # Ollama's answer too: nothing would think
+                400,
+                f'think: model "{parsed.model}" does not support thinking (its chat template '
+                "has no think block); leave think out or send false",
+                "invalid_request_error",
+                extra={"param": "think"},
+            )
         if not parsed.messages:  # Ollama's "load the model": it is loaded
             return json_response(render.load_answer(parsed.model, chat))
         started = await start_turn(

@@ -5,12 +5,14 @@ Ollama's error shape ({"error": "message"}) with a 4xx."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import jsonschema
 import pytest
 
-from tests.api.helpers import CHAT, HELLO
+from tests.api.helpers import CHAT, HELLO, AsgiCall
+from tests.api.test_chat_disconnect import LONG, closed_streams  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.anyio
 
@@ -215,6 +217,9 @@ async def test_think_on_a_think_template(served, thinker, post):
     off = (await post("/api/chat", {**body, "think": False})).json()
     assert "thinking" not in off["message"]
     assert (await post("/api/chat", {**body, "think": "high"})).status_code == 200
+    # A model whose template has no think block cannot think: said, as Ollama says it.
+    assert "thinking" in error_of(await post("/api/chat", {**body, "model": MODEL}), 400)
+    assert (await post("/api/chat", {**body, "model": MODEL, "think": False})).status_code == 200
 
 
 async def test_an_empty_conversation_is_the_load_answer(served, post):
@@ -230,6 +235,17 @@ async def test_keep_alive_is_accepted(served, post):
         response = await post("/api/chat", chat_body(keep_alive=value))
         assert response.status_code == 200, (value, response.content)
     error_of(await post("/api/chat", chat_body(keep_alive="soon")), 400)
+
+
+async def test_hanging_up_mid_stream_stops_the_generation(asgi_app, served, closed_streams):  # noqa: F811
+    body = {"model": MODEL, "messages": LONG, "options": {"temperature": 0, "num_predict": 400}}
+    call = AsgiCall(asgi_app, "/api/chat", json.dumps(body).encode()).start()
+    await call.wait_for(lambda c: sum(b'"content"' in x for x in c.chunks) >= 2, timeout=120)
+    assert call.status == 200 and closed_streams == []
+    call.hang_up.set()
+    await asyncio.wait_for(call.task, 10)  # the handler returns; nothing hangs
+    assert len(closed_streams) == 1  # the engine stream was closed: the generation stops
+    assert b'"done":true' not in b"".join(call.chunks)
 
 
 # --- generate --------------------------------------------------------------------------
@@ -360,6 +376,12 @@ async def test_a_prompt_over_the_window_is_a_400(post, small):
 
 
 # --- models ----------------------------------------------------------------------------
+
+
+async def test_nothing_loaded_is_a_503_in_ollamas_shape(empty_runtime, post, client):
+    error = error_of(await post("/api/chat", chat_body()), 503)
+    assert "no model" in error.lower() or "loaded" in error
+    assert (await client.get("/api/tags")).json() == {"models": []}
 
 
 async def test_tags_ps_show_version(served, client, post, smollm2_service):
