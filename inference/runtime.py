@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 import kernels
+from inference.engine.serving.embedding import POOLINGS
 from inference.engine.types import ModelConfig
 from inference.model_files import ModelFileInfo, allowed_model_path, is_file, model_file_info
 
@@ -103,6 +104,7 @@ class LoadSpec:
     pinned: bool = False
     # As sent: a template's text, or a file in a model folder (read again at each load).
     chat_template: str = ""
+    pooling: str = ""  # /v1/embeddings: mean, last or cls ("": the architecture's default)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, **extra) -> LoadSpec:
@@ -114,6 +116,7 @@ class LoadSpec:
             max_concurrent=cfg.max_concurrent,
             reasoning_budget=cfg.reasoning_budget,
             chat_template=cfg.chat_template,
+            pooling=cfg.pooling,
             **extra,
         )
 
@@ -131,6 +134,7 @@ class LoadSpec:
             reasoning_budget=self.reasoning_budget,
             chat_template=resolve_chat_template(self.chat_template),
             quantize=self.quantize,
+            pooling=self.pooling,
             **shared,
         )
 
@@ -349,6 +353,8 @@ class Runtime:
                 "numpy engine (PANTHEON_BACKEND, or the kernels were not built); omit "
                 "`quantize` or send false"
             )
+        if spec.pooling and spec.pooling not in POOLINGS:
+            raise InvalidOption(f"pooling: expected one of {', '.join(POOLINGS)}")
         try:
             checked = replace(spec, path=str(allowed_model_path(spec.path)))
         except PermissionError as exc:

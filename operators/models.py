@@ -24,6 +24,12 @@ class ModelConfig(models.Model):
     )
     dies = models.JSONField(default=list, blank=True)
     quantize = models.BooleanField(default=False)
+    pooling = models.CharField(
+        max_length=8,
+        blank=True,
+        default="",
+        help_text="Embeddings: mean, last, cls (empty: default).",
+    )
     pinned = models.BooleanField(default=False, help_text="Never evicted to make room.")
     should_load = models.BooleanField(
         default=False, help_text="Loaded when the server stops, so loaded again at start."

@@ -31,6 +31,7 @@ def model_row(info: InstanceInfo) -> dict:
         "reasoning_budget": spec.reasoning_budget,
         "chat_template": "custom" if spec.chat_template else "gguf",
         "quantize": spec.quantize,
+        "pooling": svc.pooling,  # how /v1/embeddings pools (the option, else the default)
         "pinned": info.pinned,
         "in_flight": svc.in_flight,
         "aliases": list(info.aliases),

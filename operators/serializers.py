@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from inference.runtime import MAX_CHAT_TEMPLATE_BYTES, MAX_DIES, LoadSpec, default_options
+from inference.runtime import (
+    MAX_CHAT_TEMPLATE_BYTES,
+    MAX_DIES,
+    POOLINGS,
+    LoadSpec,
+    default_options,
+)
 from inference.serializers import (
     StrictBooleanField,
     StrictCharField,
@@ -48,6 +54,8 @@ class LoadRequest(serializers.Serializer):
         error_messages={"max_length": f"too many dies: at most {MAX_DIES}"},
     )
     quantize = StrictBooleanField(required=False, allow_null=True)
+    # How /v1/embeddings pools hidden states (null or absent: the architecture's default).
+    pooling = serializers.ChoiceField(POOLINGS, required=False, allow_null=True)
     ctx_cap = _option(1 << 24)
     max_sessions = _option(1024)
     max_concurrent = _option(1024)
@@ -77,6 +85,7 @@ def load_spec(data: dict) -> LoadSpec:
         quantize=bool(data.get("quantize")),
         pinned=bool(data.get("pinned")),
         chat_template=data.get("chat_template") or "",
+        pooling=data.get("pooling") or "",
         **{key: data.get(key) or defaults[key] for key in defaults},
     )
 

@@ -17,6 +17,7 @@ OPTIONS = (
     "reasoning_budget",
     "quantize",
     "chat_template",
+    "pooling",
 )
 
 

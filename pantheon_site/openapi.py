@@ -449,6 +449,7 @@ _INSTANCE = _object(
         "reasoning_budget": INT,
         "chat_template": {"type": "string", "enum": ["gguf", "custom"]},
         "quantize": BOOL,
+        "pooling": {"enum": ["mean", "last", "cls"]},
         "pinned": BOOL,
         "in_flight": NON_NEGATIVE,
         "aliases": {"type": "array", "items": STRING},
@@ -538,6 +539,13 @@ _LOAD_REQUEST = _object(
             },
         ),
         "quantize": _nullable(BOOL),
+        "pooling": _nullable(
+            {
+                "enum": ["mean", "last", "cls"],
+                "description": "How /v1/embeddings pools hidden states; default: the "
+                "architecture's (mean for the decoder-only chat models).",
+            }
+        ),
         "ctx_cap": _nullable({**NON_NEGATIVE, "maximum": 1 << 24}),
         "max_sessions": _nullable({**NON_NEGATIVE, "maximum": 1024}),
         "max_concurrent": _nullable({**NON_NEGATIVE, "maximum": 1024}),
