@@ -428,6 +428,13 @@ def conversation(raw: object) -> tuple[dict, ...]:
         elif role == "tool":
             neutral["tool_call_id"] = _tool_result_id(message, path, ids, names, answered)
         out.append(neutral)
+    if out and out[-1]["role"] == "assistant":
+        last = f"messages.{len(out) - 1}"
+        raise invalid_request(
+            f"{last}: the last message is the assistant's: continuing it (prefill) is not "
+            "supported here; end with a user or tool message",
+            last,
+        )
     return tuple(out)
 
 
@@ -557,9 +564,9 @@ def parse_generate(data: dict, header_session: str | None = None) -> OllamaReque
     return OllamaRequest(messages=tuple(messages), tools=(), **common)
 
 
-def parse_show(data: dict) -> str:
-    _bool(data, "verbose")
-    return model_name(data)
+def parse_show(data: dict) -> tuple[str, bool]:
+    """(model, verbose)."""
+    return model_name(data), bool(_bool(data, "verbose"))
 
 
 @dataclass(frozen=True)

@@ -291,15 +291,15 @@ def ps_row(name: str, svc) -> dict:
     }
 
 
-def model_info(svc) -> dict:
+def model_info(svc, verbose: bool = False) -> dict:
     """The GGUF's metadata under its own keys ("general.architecture",
     "<arch>.context_length", ...), with general.parameter_count; long arrays (vocabulary,
-    merges) null; the chat template is /api/show's `template`."""
+    merges) null unless `verbose`; the chat template is /api/show's `template`."""
     out: dict = {}
     for key, value in svc.gguf.metadata.items():
         if key == "tokenizer.chat_template":
             continue
-        if isinstance(value, list) and len(value) > MAX_INFO_LIST:
+        if isinstance(value, list) and len(value) > MAX_INFO_LIST and not verbose:
             value = None
         out[key] = value
     out["general.parameter_count"] = svc.gguf.n_params
@@ -313,7 +313,7 @@ def capabilities(svc) -> list[str]:
     return caps
 
 
-def show_body(name: str, svc) -> dict:
+def show_body(name: str, svc, verbose: bool = False) -> dict:
     _, mtime = _file(svc)
     window = svc.context_window
     parameters = "\n".join(
@@ -330,7 +330,7 @@ def show_body(name: str, svc) -> dict:
         "parameters": parameters,
         "template": svc.template.source,
         "details": details(svc),
-        "model_info": model_info(svc),
+        "model_info": model_info(svc, verbose),
         "capabilities": capabilities(svc),
         "modified_at": rfc3339(mtime),
         "context_length": window,

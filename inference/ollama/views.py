@@ -334,9 +334,9 @@ def show(request: HttpRequest) -> HttpResponse:
     if refused := _method(request, "POST"):
         return refused
     try:
-        model = parse.parse_show(parse_json_object(request.body))
+        model, verbose = parse.parse_show(parse_json_object(request.body))
         name, svc = resolve(model)
-        return json_response(render.show_body(name, svc))
+        return json_response(render.show_body(name, svc, verbose))
     except Exception as exc:
         return _refusal(exc)
 

@@ -346,6 +346,7 @@ async def test_an_unknown_model_is_404_even_with_one_loaded(served, post):
             "messages.0.images",
         ),
         ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+        ({"messages": [*HELLO, {"role": "assistant", "content": "The"}]}, "messages.1"),
         ({"tools": {"a": 1}}, "tools"),
         ({"top_logprobs": 50}, "top_logprobs"),
     ],
@@ -407,6 +408,8 @@ async def test_tags_ps_show_version(served, client, post, smollm2_service):
     assert info["llama.context_length"] == 8192
     assert info["general.parameter_count"] > 100_000_000
     assert info["tokenizer.ggml.tokens"] is None  # long arrays, as Ollama without verbose
+    verbose = (await post("/api/show", {"model": MODEL, "verbose": True})).json()
+    assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) == 49152
     assert f"num_ctx {smollm2_service.context_window}" in " ".join(show["parameters"].split())
     assert show["details"]["quantization_level"] == "Q4_1"
     assert "tools" in show["capabilities"]
