@@ -62,9 +62,12 @@ def schemas() -> dict:
         {
             "model": model,
             "prompt": _inputs("one request per prompt", MAX_PROMPTS),
-            "suffix": {
-                "description": "Not supported: any value but null or an empty string is a 400."
-            },
+            "suffix": _nullable(
+                {
+                    "const": "",
+                    "description": "Not supported: any value but null or an empty string is a 400.",
+                }
+            ),
             "max_tokens": _nullable(
                 {
                     "type": "integer",
@@ -97,7 +100,12 @@ def schemas() -> dict:
                 }
             ),
             "best_of": _nullable(
-                {**INT64, "description": "Not supported unless equal to n (else a 400)."}
+                {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_CHOICES,
+                    "description": "Not supported unless equal to n (else a 400).",
+                }
             ),
             "stream": _nullable(BOOL),
             "stream_options": _nullable(_object({"include_usage": _nullable(BOOL)})),
