@@ -248,6 +248,16 @@ async def test_hanging_up_mid_stream_stops_the_generation(asgi_app, served, clos
     assert b'"done":true' not in b"".join(call.chunks)
 
 
+async def test_x_session_id_parks_the_conversation(served, post, smollm2_service):
+    assert smollm2_service.session_info() == []
+    await post("/api/chat", chat_body())
+    assert smollm2_service.session_info() == []  # no session id: nothing parked
+    first = (await post("/api/chat", chat_body(), **{"X-Session-Id": "ollama-cache"})).json()
+    (info,) = smollm2_service.session_info()
+    assert info.tokens >= first["prompt_eval_count"]
+    error_of(await post("/api/chat", chat_body(), **{"X-Session-Id": "s" * 300}), 400)
+
+
 # --- generate --------------------------------------------------------------------------
 
 
