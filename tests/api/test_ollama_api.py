@@ -482,3 +482,23 @@ async def test_embed_refusals_and_truncation(post, small):
     assert "input" in error_of(await post("/api/embed", {"model": MODEL, "input": [""]}), 400)
     assert "input" in error_of(await post("/api/embed", {"model": MODEL, "input": 5}), 400)
     error_of(await post("/api/embed", {"model": "nope", "input": "x"}), 404)
+
+
+# --- scopes and limits -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/api/embed", "/api/embeddings"])
+def test_the_conversation_routes_have_the_chat_routes_scope_and_body_limit(path):
+    from pantheon_site import routes
+
+    chat = "/v1/chat/completions"
+    assert routes.scope_for(path) == routes.scope_for(chat) == routes.INFERENCE
+    assert routes.body_limit(path) == routes.body_limit(chat) == routes.LARGE_BODY_BYTES
+
+
+@pytest.mark.parametrize("path", ["/api/tags", "/api/ps", "/api/show", "/api/version"])
+def test_the_model_routes_have_the_inference_scope(path):
+    from pantheon_site import routes
+
+    assert routes.scope_for(path) == routes.INFERENCE
+    assert routes.body_limit(path) == routes.MANAGEMENT_BODY_BYTES
