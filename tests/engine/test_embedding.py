@@ -114,3 +114,40 @@ def test_a_raw_prompt_skips_the_chat_template(smollm2_service):
 def test_a_raw_prompt_is_refused_clearly(smollm2_service, prompt, error):
     with pytest.raises(error):
         prepare_turn(smollm2_service, Turn(messages=(), raw_prompt=prompt))
+
+
+def test_a_job_runs_beside_a_generation_without_changing_it(smollm2_service):
+    """Jobs take their turn between generation steps: a generation with an embedding
+    submitted mid-way gives the tokens it gives alone, and both complete."""
+    import asyncio
+
+    from inference.engine.types import GenerationRequest, SamplingParams, TokenEvent
+
+    svc = smollm2_service
+    prompt = tuple(svc.encode_chat([{"role": "user", "content": "Tell me about cats."}]))
+    params = SamplingParams(temperature=0, max_tokens=24)
+
+    async def generate(with_job: bool):
+        ids, job = [], None
+        request = GenerationRequest(f"job-{with_job}", prompt, params)
+        async for event in svc.generate(request):
+            if isinstance(event, TokenEvent):
+                ids.extend(event.token_ids)
+                if with_job and job is None:
+                    job = svc.embed([svc.encode_raw("An embedding, meanwhile. " * 40)])
+        return ids, job
+
+    alone, _ = asyncio.run(generate(False))
+    beside, job = asyncio.run(generate(True))
+    assert beside == alone
+    assert job.result(timeout=300).shape == (1, svc.embedding_width)
+
+
+def test_a_cancelled_job_is_dropped_and_the_next_runs(smollm2_service):
+    svc = smollm2_service
+    ids = svc.encode_raw("Some words to embed. " * 100)
+    first = svc.embed([ids])
+    first.cancel()
+    second = svc.embed([ids[:5]])
+    assert second.result(timeout=300).shape == (1, svc.embedding_width)
+    assert first.cancelled()
