@@ -493,13 +493,11 @@ async def sse_events(
                     yield completion.chunk(run.index * completion.n + j, "", None, "length")
                 continue
             event = first if run is runs[0] else await anext(events, None)
-            finished = 0
             while event is not None:
                 index = run.index * completion.n + event.index
                 if isinstance(event, FinishEvent):
                     completion_tokens += event.usage.completion_tokens
                     yield completion.chunk(index, "", None, event.finish_reason)
-                    finished += 1
                 elif isinstance(event, TokenEvent):
                     body = None
                     if completion.logprobs is not None and event.logprobs:
