@@ -271,6 +271,9 @@ def schemas() -> dict:
                     {**BOOL, "description": "Default false: add BOS (where the model does)."}
                 ),
                 "with_pieces": _nullable(BOOL),
+                "parse_special": _nullable(
+                    {"const": True, "description": "Special tokens are always recognised."}
+                ),
             },
             ("content",),
             additionalProperties=True,

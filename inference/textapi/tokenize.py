@@ -1,6 +1,7 @@
 """POST /tokenize and POST /detokenize in llama.cpp's shape.
 
-/tokenize {content, add_special (default false: no BOS), with_pieces (default false)} ->
+/tokenize {content, add_special (default false: no BOS), with_pieces (default false),
+parse_special (true only: special tokens in the text are recognised)} ->
 {tokens: [ids]} or, with pieces, {tokens: [{id, piece}]} where a piece that is not whole
 UTF-8 is its bytes as an array of ints (llama.cpp's form). /detokenize {tokens} ->
 {content}. Optional `model` (default: the only loaded model, as on the chat route).
@@ -34,6 +35,15 @@ class TokenizeRequest(serializers.Serializer):
     content = StrictCharField(allow_blank=True, trim_whitespace=False)
     add_special = StrictBooleanField(required=False, allow_null=True)
     with_pieces = StrictBooleanField(required=False, allow_null=True)
+    # llama.cpp's default: special tokens written in the text are recognised.
+    parse_special = StrictBooleanField(required=False, allow_null=True)
+
+    def validate_parse_special(self, value):
+        if value is False:
+            raise serializers.ValidationError(
+                "false is not supported: special tokens written in the text are always recognised"
+            )
+        return value
 
 
 class DetokenizeRequest(serializers.Serializer):

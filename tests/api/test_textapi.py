@@ -85,6 +85,7 @@ def test_embeddings_refuses_bad_requests_naming_the_field(http, served, body, pa
         ("/tokenize", {}, "content"),
         ("/tokenize", {"content": 5}, "content"),
         ("/tokenize", {"content": "x", "add_special": "no"}, "add_special"),
+        ("/tokenize", {"content": "x", "parse_special": False}, "parse_special"),
         ("/detokenize", {"tokens": "1 2"}, "tokens"),
         ("/detokenize", {"tokens": [1, -2]}, "tokens"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
