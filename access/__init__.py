@@ -1,4 +1,4 @@
-"""API keys and the browser defences: who may call which route (pantheon_site.routes).
+"""API keys and the browser defences: who may call which route (pantheon_platform.routes).
 
 guard.py    AccessGuard, the ASGI layer (pantheon_site.stack) that checks every HTTP request
 keys.py     env keys and console keys (hashed in the database) -> a Principal with scopes

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from access import keys
 from access.models import ApiKey
-from pantheon_site.routes import SCOPES
+from pantheon_platform.routes import SCOPES
 
 SCOPE_HELP = {
     "inference": "inference: /v1/... (chat completions, models)",

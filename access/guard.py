@@ -12,7 +12,7 @@ In this order (pantheon_site.stack puts it inside the access log, outside the bo
    non-JSON Content-Type is 415 unsupported_media_type: a cross-site <form> or text/plain
    post cannot reach them. An absent Content-Type passes (curl, SDKs).
 4. Key: when any key is configured (access.keys), a route that needs a scope
-   (pantheon_site.routes.scope_for) needs a key, as `Authorization: Bearer <key>` or
+   (pantheon_platform.routes.scope_for) needs a key, as `Authorization: Bearer <key>` or
    `x-api-key: <key>`: 401 invalid_api_key without a valid one, 403 insufficient_scope
    when the key lacks the route's scope. OPTIONS (the CORS preflight) and the open routes
    (GET /, /openapi.json, the console with its own login and CSRF) need none.
@@ -37,7 +37,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from access import keys
-from pantheon_site import routes
+from pantheon_platform import routes
 
 log = logging.getLogger("pantheon.http")
 
@@ -320,6 +320,6 @@ def check_content_type(scope) -> None:
 
 async def refuse(send, refusal: Refusal) -> None:
     """The contract's error shape, with its CORS and Connection headers."""
-    from inference.errors import send_asgi_error
+    from pantheon_platform.errors import send_asgi_error
 
     await send_asgi_error(send, refusal.status, refusal.message, refusal.type, refusal.headers)

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from pantheon_site.routes import INFERENCE, SCOPES, SESSIONS
+from pantheon_platform.routes import INFERENCE, SCOPES, SESSIONS
 
 KEY_PREFIX = "pn_"
 PREFIX_CHARS = 10  # "pn_" and 7 random characters: shown in the console to tell keys apart

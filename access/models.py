@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from pantheon_site.routes import SCOPES
+from pantheon_platform.routes import SCOPES
 
 
 def validate_scopes(value) -> None:

@@ -12,10 +12,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import kernels
-from inference import runtime as runtime_module
-from inference import shutdown
-from inference.errors import ApiError
-from inference.runtime import FAILED, LOADING, UNLOADING, build_id
+from pantheon_platform import runtime as runtime_module
+from pantheon_platform import shutdown
+from pantheon_platform.errors import ApiError
+from pantheon_platform.runtime import FAILED, LOADING, UNLOADING, build_id
 
 
 def model_row(name: str, svc) -> dict:

@@ -27,8 +27,8 @@ from inference.engine.types import (
     TokenEvent,
     Usage,
 )
-from inference.errors import api_error_from, json_response
-from inference.sse import DONE, EventStreamResponse, sse_data
+from pantheon_platform.errors import api_error_from, json_response
+from pantheon_platform.sse import DONE, EventStreamResponse, sse_data
 
 log = logging.getLogger("pantheon.http")
 

@@ -2,7 +2,7 @@
 
 Views validate, call the runtime/engine, render. No tensor or tokenizer code here, and no
 generation logic: a chat request becomes the chat core's Turn (inference.engine.chat),
-started through inference.chat_http and rendered by inference.openai_chat.
+started through pantheon_platform.chat_http and rendered by inference.openai_chat.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import kernels
-from inference import openai_chat, shutdown
-from inference.chat_http import off_loop, start_turn, turn_deadline
-from inference.errors import (
+from inference import openai_chat
+from inference.serializers import validated_chat_request
+from pantheon_platform import shutdown
+from pantheon_platform.chat_http import off_loop, start_turn, turn_deadline
+from pantheon_platform.errors import (
     api_error_from,
     invalid_request,
     json_response,
@@ -26,8 +28,8 @@ from inference.errors import (
     not_found,
     shutting_down,
 )
-from inference.runtime import FAILED, build_id, runtime
-from inference.serializers import parse_json_object, validated_chat_request
+from pantheon_platform.runtime import FAILED, build_id, runtime
+from pantheon_platform.strict_json import parse_json_object
 
 log = logging.getLogger("pantheon.http")
 

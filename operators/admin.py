@@ -2,7 +2,7 @@
 load / unload / pin / unpin actions, a form to load a file from the model folders, alias
 management and a read-only dies page.
 
-Every change goes through the runtime (inference.runtime), which checks it, applies it
+Every change goes through the runtime (pantheon_platform.runtime), which checks it, applies it
 to the live registry and records it (operators.store): the console never writes a
 ModelConfig's state or an Alias behind the registry's back.
 """
@@ -16,14 +16,14 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from inference.model_files import allowed_model_path
-from inference.runtime import FAILED, NotFound, OperatorError
 from operators import files
 from operators.models import Alias, ModelConfig
 from operators.rows import dies_listing
 from operators.serializers import load_spec
 from operators.store import spec_of
 from operators.views import live
+from pantheon_platform.model_files import allowed_model_path
+from pantheon_platform.runtime import FAILED, NotFound, OperatorError
 
 
 def _bytes(n: int) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from inference.model_files import model_dirs, model_file_info
-from inference.runtime import Runtime
+from pantheon_platform.model_files import model_dirs, model_file_info
+from pantheon_platform.runtime import Runtime
 
 MAX_DEPTH = 4  # folders below a model dir that are searched
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import kernels
-from inference.runtime import InstanceInfo, Runtime
+from pantheon_platform.runtime import InstanceInfo, Runtime
 
 
 def model_row(info: InstanceInfo) -> dict:

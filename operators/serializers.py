@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from inference.runtime import (
+from pantheon_platform.runtime import (
     MAX_CHAT_TEMPLATE_BYTES,
     MAX_DIES,
     POOLINGS,
     LoadSpec,
     default_options,
 )
-from inference.serializers import (
+from pantheon_platform.strict_json import (
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
@@ -28,7 +28,9 @@ def validated(serializer_class, raw: bytes) -> dict:
     """The body (the client routes' parser: a JSON object, bounded nesting, whatever the
     Content-Type says, so curl -d works) through `serializer_class`."""
     serializer = serializer_class(data=parse_json_object(raw))
-    serializer.is_valid(raise_exception=True)  # DRF's ValidationError -> 400 (inference.errors)
+    serializer.is_valid(
+        raise_exception=True
+    )  # DRF's ValidationError -> 400 (pantheon_platform.errors)
     return serializer.validated_data
 
 

@@ -1,4 +1,4 @@
-"""The registry's store in the database: inference.runtime calls it, one transaction per
+"""The registry's store in the database: pantheon_platform.runtime calls it, one transaction per
 change, so that a restart loads exactly what was loaded when the server stopped."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from inference.runtime import LoadSpec, Store
 from operators.models import Alias, ModelConfig
+from pantheon_platform.runtime import LoadSpec, Store
 
 OPTIONS = (
     "path",

@@ -11,18 +11,6 @@ from __future__ import annotations
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inference import runtime as registry
-from inference.errors import ApiError, invalid_request
-from inference.request_log import note
-from inference.runtime import (
-    Conflict,
-    InsufficientMemory,
-    InvalidOption,
-    NotFound,
-    OperationFailed,
-    OperatorError,
-    PathNotAllowed,
-)
 from operators import files
 from operators.rows import dies_listing, model_row
 from operators.serializers import (
@@ -33,6 +21,18 @@ from operators.serializers import (
     PinRequest,
     load_spec,
     validated,
+)
+from pantheon_platform import runtime as registry
+from pantheon_platform.errors import ApiError, invalid_request
+from pantheon_platform.request_log import note
+from pantheon_platform.runtime import (
+    Conflict,
+    InsufficientMemory,
+    InvalidOption,
+    NotFound,
+    OperationFailed,
+    OperatorError,
+    PathNotAllowed,
 )
 
 _STATUS = {

@@ -11,7 +11,7 @@ away first (a stream cut short: `"aborted": true`):
 - `route` is the URL pattern the path matched (`/admin/aliases/<path:alias>`), never the
   raw path, so a client cannot write what it likes into the log; an unknown path is
   "unmatched".
-- `model` and `session` come from the view (inference.request_log.note): the served model
+- `model` and `session` come from the view (pantheon_platform.request_log.note): the served model
   and the first 12 hex characters of the session id's sha256, when the request has them.
 - `key` is the label of the API key that authenticated the request (the access guard puts
   it in the scope), never the key.
@@ -26,7 +26,7 @@ import re
 import time
 from datetime import UTC, datetime
 
-from inference.request_log import SCOPE_KEY
+from pantheon_platform.request_log import SCOPE_KEY
 
 log = logging.getLogger("pantheon.access")
 

@@ -35,8 +35,8 @@ threads.configure(settings.PANTHEON_THREADS)
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-from inference.runtime import runtime  # noqa: E402
 from operators.store import DatabaseStore  # noqa: E402
+from pantheon_platform.runtime import runtime  # noqa: E402
 from pantheon_site import stack  # noqa: E402
 from sessions import persistence as session_persistence  # noqa: E402
 
@@ -47,6 +47,6 @@ runtime.start_loading()
 
 application = stack.build(django_asgi_app)
 
-from inference import shutdown  # noqa: E402
+from pantheon_platform import shutdown  # noqa: E402
 
-shutdown.install()  # SIGTERM: drain in-flight generations, then exit 0 (inference/shutdown.py)
+shutdown.install()  # SIGTERM: drain in-flight generations, then exit 0 (pantheon_platform/shutdown.py)

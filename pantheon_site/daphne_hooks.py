@@ -8,7 +8,7 @@ serve` and the tests' servers all get it), before Daphne builds its HTTP factory
   application, spilling past 100 KB to a temporary file. Our request class
   (PantheonRequest, a subclass of Daphne's WebRequest) decides in `gotLength`, which runs
   once the headers are in and before any body byte is stored: a declared Content-Length
-  over the route's limit (pantheon_site.routes.body_limit) is 413, and the access guard's
+  over the route's limit (pantheon_platform.routes.body_limit) is 413, and the access guard's
   checks that need no database (access.guard.check_now: Host, Origin, Content-Type, the
   env keys) refuse with their own status. When only the console-key table can decide, a
   body that would be spooled waits: the socket is paused (what was already read stays in
@@ -68,7 +68,7 @@ def _no_action_log(self, protocol, action, details) -> None:
 
 def raw_error(status: int, message: str, type_: str, headers=()) -> bytes:
     """A whole HTTP/1.1 response in the contract's error shape, closing the connection."""
-    from inference.errors import error_body
+    from pantheon_platform.errors import error_body
 
     body = json.dumps(error_body(message, type_), separators=(",", ":")).encode()
     lines = [
@@ -185,7 +185,7 @@ def _request_class():
                 return super().gotLength(length)
             self._scope = scope
             from access import guard
-            from pantheon_site import routes
+            from pantheon_platform import routes
 
             self._limit = routes.body_limit(scope["path"])
             # In the ASGI layers' order: the guard's refusals, then the body limit.
@@ -213,7 +213,7 @@ def _request_class():
             command, target = getattr(channel, "_command", None), getattr(channel, "_path", None)
             if command is None or target is None:
                 return None
-            from pantheon_site.routes import canonical
+            from pantheon_platform.routes import canonical
 
             raw_path = target.split(b"?", 1)[0]
             path = canonical(unquote(raw_path.decode("ascii")) or "/")
@@ -305,7 +305,7 @@ def _request_class():
 
         # Daphne's HTML error page (a non-ASCII path or query, an application that fails)
         def basic_error(self, status, status_text, body):
-            from inference.errors import error_body
+            from pantheon_platform.errors import error_body
 
             type_ = "invalid_request_error" if status < 500 else "server_error"
             payload = json.dumps(error_body(str(body), type_), separators=(",", ":"))

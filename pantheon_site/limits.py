@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 
-from inference.errors import send_asgi_error as send_error
-from pantheon_site import routes
+from pantheon_platform import routes
+from pantheon_platform.errors import send_asgi_error as send_error
 
 _LENGTH = re.compile(rb"[ \t]*([0-9]+)[ \t]*")
 _MAX_DIGITS = 18  # more digits than this is past every limit (and int() need not see it)

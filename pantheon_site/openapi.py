@@ -16,9 +16,10 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.engine.types import MAX_CHOICES, MAX_TOKENS_CLAMP
-from inference.errors import json_response, method_not_allowed
-from inference.runtime import MAX_CHAT_TEMPLATE_BYTES, MAX_DIES
-from inference.serializers import (
+from operators.serializers import NAME_MAX
+from pantheon_platform.errors import json_response, method_not_allowed
+from pantheon_platform.runtime import MAX_CHAT_TEMPLATE_BYTES, MAX_DIES
+from pantheon_platform.strict_json import (
     IDENTIFIER_MAX,
     INT64_BOUND,
     MAX_JSON_DEPTH,
@@ -27,7 +28,6 @@ from inference.serializers import (
     REPETITION_PENALTY_MAX,
     TEMPERATURE_RANGE,
 )
-from operators.serializers import NAME_MAX
 from pantheon_site import (
     openapi_anthropic,
     openapi_completions,

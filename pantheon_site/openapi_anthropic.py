@@ -10,7 +10,7 @@ from django.conf import settings
 
 from inference.anthropic.parse import THINKING_TYPES, UNSEEABLE_BLOCKS
 from inference.anthropic.render import ERROR_TYPES, STOP_REASONS
-from inference.serializers import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
+from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from inference.serializers import IDENTIFIER_MAX
+from pantheon_platform.strict_json import IDENTIFIER_MAX
 from responses_api.wire import (
     EFFORT_BUDGETS,
     INPUT_ROLES,

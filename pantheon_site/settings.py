@@ -49,6 +49,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from pantheon_platform.routes import LARGE_BODY_BYTES
 from pantheon_site.env import (
     EnvError,
     env_bool,
@@ -58,7 +59,6 @@ from pantheon_site.env import (
     env_str,
     parse_model_specs,
 )
-from pantheon_site.routes import LARGE_BODY_BYTES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -120,7 +120,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost, so that every response (errors included) gets the CORS header and an
     # OPTIONS preflight on any path is answered before routing.
-    "inference.middleware.CorsMiddleware",
+    "pantheon_platform.middleware.CorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -130,7 +130,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "pantheon_site.urls"
-CSRF_FAILURE_VIEW = "inference.errors.csrf_failure"
+CSRF_FAILURE_VIEW = "pantheon_platform.errors.csrf_failure"
 ASGI_APPLICATION = "pantheon_site.asgi.application"
 # Unknown routes answer the JSON 404 from the catch-all route, so no slash redirects.
 APPEND_SLASH = False
@@ -196,7 +196,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "inference.errors.drf_exception_handler",
+    "EXCEPTION_HANDLER": "pantheon_platform.errors.drf_exception_handler",
 }
 
 
@@ -234,7 +234,7 @@ PANTHEON_MODEL_DEFAULTS = {
     "max_concurrent": env_int("PANTHEON_MAX_CONCURRENT", 0),
     "reasoning_budget": env_int("PANTHEON_REASONING_BUDGET", 0),
 }
-# Plain dicts (ModelConfig keyword arguments); inference.runtime turns them into configs.
+# Plain dicts (ModelConfig keyword arguments); pantheon_platform.runtime turns them into configs.
 PANTHEON_MODELS = [
     {"name": name, "path": path, **PANTHEON_MODEL_DEFAULTS}
     for name, path in parse_model_specs(
@@ -242,7 +242,7 @@ PANTHEON_MODELS = [
     )
 ]
 
-# --- operators (operators/, inference.runtime) ----------------------------------------
+# --- operators (operators/, pantheon_platform.runtime) ----------------------------------------
 
 PANTHEON_MAX_LOADED_MODELS = env_int("PANTHEON_MAX_LOADED_MODELS", 4)
 if PANTHEON_MAX_LOADED_MODELS < 1:
@@ -335,7 +335,7 @@ PANTHEON_TOOL_GRAMMAR = (
 )
 
 
-# --- access: API keys and browser defences (access/, pantheon_site/routes.py) ----------
+# --- access: API keys and browser defences (access/, pantheon_platform/routes.py) ----------
 # With no key configured (neither env key, nor an active console key) every route is open,
 # as the contract says. PANTHEON_API_KEY opens the client routes (inference, sessions);
 # PANTHEON_ADMIN_API_KEY every route; PANTHEON_API_KEY alone opens every route too.

@@ -41,7 +41,7 @@ def wrap(app):
 
 
 def canonical_path(app):
-    """scope["path"] rewritten to its canonical spelling (pantheon_site.routes.canonical)
+    """scope["path"] rewritten to its canonical spelling (pantheon_platform.routes.canonical)
     before any layer or router reads it, so the scope a path needs and the route it reaches
     are decided on one string. Outermost. root_path is dropped: Pantheon is served at the
     root, and Daphne takes root_path from any client's Daphne-Root-Path header."""
@@ -50,7 +50,7 @@ def canonical_path(app):
         if scope["type"] in ("http", "websocket"):
             from urllib.parse import quote
 
-            from pantheon_site.routes import canonical
+            from pantheon_platform.routes import canonical
 
             path = canonical(scope.get("path") or "/")
             scope = {**scope, "path": path, "raw_path": quote(path).encode(), "root_path": ""}

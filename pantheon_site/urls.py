@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
-from inference import errors
+from pantheon_platform import errors
 from pantheon_site import openapi
 
 urlpatterns = [

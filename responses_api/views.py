@@ -1,7 +1,7 @@
 """OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
 A thin wire format over the chat core: the request is checked (responses_api.wire),
-becomes a Turn, runs through inference.chat_http.start_turn, and the core's events are
+becomes a Turn, runs through pantheon_platform.chat_http.start_turn, and the core's events are
 rendered by one ResponseBuilder for both the JSON body and the SSE events.
 
 Continuing: a stored response keeps its conversation (the messages that led to it and
@@ -28,11 +28,11 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference import shutdown
-from inference.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
 from inference.engine.chat import InvalidTurn, Turn, run_turn
 from inference.engine.types import FinishEvent, GenerationFailed, SessionCapacity
-from inference.errors import (
+from pantheon_platform import shutdown
+from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
+from pantheon_platform.errors import (
     ApiError,
     api_error_from,
     invalid_request,
@@ -40,8 +40,8 @@ from inference.errors import (
     method_not_allowed,
     shutting_down,
 )
-from inference.serializers import IDENTIFIER_MAX, parse_json_object
-from inference.sse import EventStreamResponse
+from pantheon_platform.sse import EventStreamResponse
+from pantheon_platform.strict_json import IDENTIFIER_MAX, parse_json_object
 from responses_api.models import StoredResponse
 from responses_api.render import ResponseBuilder, is_response_id, new_id, sse_event
 from responses_api.wire import ResponsesRequest, parse_request

@@ -22,8 +22,8 @@ from inference.engine.types import (
     MAX_TOKENS_CLAMP,
     SamplingParams,
 )
-from inference.errors import invalid_request
-from inference.serializers import IDENTIFIER_MAX, INT64_BOUND
+from pantheon_platform.errors import invalid_request
+from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND
 
 # reasoning.effort -> (thinking on?, reasoning budget in tokens; 0: no budget). "none" and
 # "minimal" turn thinking off; the others bound the think block, "max" not at all.

@@ -14,9 +14,9 @@ import json
 from django.contrib import admin, messages
 from django.http import HttpResponse
 
-from inference import runtime as registry
 from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import EngineError
+from pantheon_platform import runtime as registry
 from sessions import records
 from sessions.models import SessionRecord
 from sessions.persistence import SUFFIX, file_stem, model_folder, sessions_root

@@ -8,7 +8,7 @@ A watch holds the caller's own session of the id (its key's namespace, sessions/
 and counts against that key's watch cap (PANTHEON_KEY_MAX_WATCHES).
 
 It bypasses Django's middleware, so it sets the CORS and `Connection: close` headers and
-answers the OPTIONS preflight itself, as inference.middleware does for every other route.
+answers the OPTIONS preflight itself, as pantheon_platform.middleware does for every other route.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from urllib.parse import parse_qs
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
-from inference import runtime as registry
-from inference.errors import ApiError, api_error_from, invalid_request, method_not_allowed
+from pantheon_platform import runtime as registry
+from pantheon_platform.errors import ApiError, api_error_from, invalid_request, method_not_allowed
 from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
@@ -142,7 +142,7 @@ class SessionWatchConsumer(AsyncHttpConsumer):
         await self.send_response(error.status, body, headers=headers)
 
     async def _send_preflight(self) -> None:
-        # The same answer inference.middleware.CorsMiddleware gives on every other path.
+        # The same answer pantheon_platform.middleware.CorsMiddleware gives on every other path.
         requested = self._header(b"access-control-request-headers") or "*"
         headers = [
             (b"content-type", b"application/json"),

@@ -15,7 +15,7 @@ filesystem-safe plus a short hash of the exact name, so two names never share a 
   atomically and deletes its files past the count it holds, or all of them when the
   session is gone. A session noted again before the writer reached it is written once.
   So a SIGKILL loses at most a session's last turn (one still queued or being written).
-- Shutdown (`spill_on_exit`, an inference.shutdown before-exit hook, after the drain):
+- Shutdown (`spill_on_exit`, an pantheon_platform.shutdown before-exit hook, after the drain):
   the writer stops; every conversation of every served model is written atomically (temp
   file in the same folder, fsync, rename, fsync of the folder); then the files of that
   model that the new spill did not write are deleted. Sessions are written most recently
@@ -52,11 +52,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference import runtime as registry
-from inference import shutdown
 from inference.engine.serving.session_blob import encode, read_header
 from inference.engine.serving.sessions import OPEN, SessionKey
 from inference.engine.types import BadSessionBlob
+from pantheon_platform import runtime as registry
+from pantheon_platform import shutdown
 from sessions import records, tenancy
 
 log = logging.getLogger("pantheon.sessions")

@@ -25,8 +25,8 @@ import threading
 
 from django.db import connections, transaction
 
-from inference import runtime as registry
 from inference.engine.serving.sessions import SessionKey
+from pantheon_platform import runtime as registry
 from sessions.models import SessionRecord
 
 log = logging.getLogger("pantheon.sessions")

@@ -70,7 +70,7 @@ def count_console_holders() -> int:
     """Unrevoked console keys that could hold sessions, counted up to 2 (only "more than
     one" matters). Database access: call from a thread."""
     from access.models import ApiKey
-    from pantheon_site.routes import INFERENCE, SESSIONS
+    from pantheon_platform.routes import INFERENCE, SESSIONS
 
     found = 0
     for scopes in ApiKey.objects.filter(revoked=False).values_list("scopes", flat=True):

@@ -24,20 +24,20 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference import runtime as registry
 from inference.engine.serving.service import FALLBACK_PREFILL_TOK_PER_S
 from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import BadSessionBlob
-from inference.errors import (
+from pantheon_platform import runtime as registry
+from pantheon_platform.errors import (
     ApiError,
     api_error_from,
     invalid_request,
     json_response,
     method_not_allowed,
 )
-from inference.request_log import note
-from inference.runtime import ModelNotFound, NoModelsLoaded
-from inference.serializers import parse_json_object
+from pantheon_platform.request_log import note
+from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded
+from pantheon_platform.strict_json import parse_json_object
 from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")

@@ -65,8 +65,8 @@ def smollm2_service(smollm2_path: Path):
 @pytest.fixture
 def empty_runtime(monkeypatch):
     """A fresh Runtime with nothing loaded, in place of the process-wide one."""
-    from inference import runtime as runtime_module
     from inference import views
+    from pantheon_platform import runtime as runtime_module
 
     fresh = runtime_module.Runtime()
     monkeypatch.setattr(views, "runtime", fresh)

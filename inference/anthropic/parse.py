@@ -25,8 +25,8 @@ from inference.engine.types import (
     MAX_TOKENS_CLAMP,
     SamplingParams,
 )
-from inference.errors import invalid_request
-from inference.serializers import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
+from pantheon_platform.errors import invalid_request
+from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
 
 # Blocks whose content no loaded model can take in (Anthropic's names).
 UNSEEABLE_BLOCKS = ("image", "document", "search_result", "container_upload")

@@ -12,7 +12,7 @@ import json
 
 from inference.engine.tools.dialects import ArgumentsDelta, CallOpened
 from inference.engine.types import ContextOverBudget, FinishEvent, TokenEvent, Usage
-from inference.errors import ApiError, api_error_from, json_response
+from pantheon_platform.errors import ApiError, api_error_from, json_response
 
 # The core's finish reasons as Anthropic's stop_reason (a loop cut by the detector ends
 # the turn: Anthropic has no reason for it).

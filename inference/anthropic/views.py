@@ -16,8 +16,6 @@ from dataclasses import replace
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference import runtime as registry
-from inference import shutdown
 from inference.anthropic.parse import MessagesRequest, parse_messages_request
 from inference.anthropic.render import (
     Blocks,
@@ -29,13 +27,21 @@ from inference.anthropic.render import (
     stop_reason,
     usage_json,
 )
-from inference.chat_http import StartedTurn, chat_options, off_loop, start_turn, turn_deadline
 from inference.engine.chat import prepare_turn
 from inference.engine.types import FinishEvent, GenerationFailed, TokenEvent
-from inference.errors import json_response, method_not_allowed, shutting_down
-from inference.request_log import note
-from inference.serializers import parse_json_object
-from inference.sse import EventStreamResponse
+from pantheon_platform import runtime as registry
+from pantheon_platform import shutdown
+from pantheon_platform.chat_http import (
+    StartedTurn,
+    chat_options,
+    off_loop,
+    start_turn,
+    turn_deadline,
+)
+from pantheon_platform.errors import json_response, method_not_allowed, shutting_down
+from pantheon_platform.request_log import note
+from pantheon_platform.sse import EventStreamResponse
+from pantheon_platform.strict_json import parse_json_object
 from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")

@@ -152,7 +152,7 @@ async def test_no_models_loaded_is_503(post_chat, empty_runtime):
 
 
 async def test_no_models_loaded_says_it_is_still_loading(post_chat, empty_runtime):
-    from inference.runtime import LOADING, ModelState
+    from pantheon_platform.runtime import LOADING, ModelState
 
     empty_runtime._states["smollm2-135m-instruct"] = ModelState(LOADING)
     error = assert_error(await post_chat({"messages": HELLO}), 503, "no_models_loaded")

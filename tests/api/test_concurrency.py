@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from inference import shutdown
 from inference.engine.types import ModelConfig, ServerBusy, ServerMemoryConstrained
+from pantheon_platform import shutdown
 from tests.api.helpers import CHAT, HELLO, AsgiCall, read_stream
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,8 @@ import json
 import pytest
 from django.test import Client
 
-from inference.runtime import FAILED, LOADING, ModelState
-from pantheon_site import routes
+from pantheon_platform import routes
+from pantheon_platform.runtime import FAILED, LOADING, ModelState
 from tests.conftest import SMOLLM2_NAME
 
 MODEL = SMOLLM2_NAME
@@ -152,7 +152,7 @@ def test_health_is_ok_beside_a_model_that_failed(http, served):
 
 
 def test_health_is_503_while_the_server_drains(http, served, monkeypatch):
-    from inference import shutdown
+    from pantheon_platform import shutdown
 
     monkeypatch.setattr(shutdown, "draining", lambda: True)
     response = http.get("/health")

@@ -173,7 +173,7 @@ def test_every_operation_documents_its_errors():
     """Its own, and what the ASGI layers answer before any view: 403 (Host, Origin) and
     413 everywhere; 401/429/503 from the key check on keyed routes; 415 for a non-JSON
     body to a management route. Every error response is the Error schema."""
-    from pantheon_site import routes
+    from pantheon_platform import routes
 
     doc = openapi.document()
     for path, item in doc["paths"].items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.errors import ApiError
+from pantheon_platform.errors import ApiError
 from responses_api.wire import input_messages, parse_request
 
 

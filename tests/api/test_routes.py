@@ -12,7 +12,7 @@ from django.test import Client
 
 import kernels
 from inference.engine.types import ModelConfig
-from inference.runtime import LOADING, ModelState, build_id
+from pantheon_platform.runtime import LOADING, ModelState, build_id
 
 NOT_FOUND = b'{"error":{"message":"unknown route","type":"not_found","code":null}}'
 

@@ -1,4 +1,4 @@
-"""inference.runtime routing and loading, and the settings' environment parsing."""
+"""pantheon_platform.runtime routing and loading, and the settings' environment parsing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inference.engine.types import ModelConfig
-from inference.runtime import FAILED, LOADED, ModelNotFound, NoModelsLoaded, Runtime
+from pantheon_platform.runtime import FAILED, LOADED, ModelNotFound, NoModelsLoaded, Runtime
 from pantheon_site import env
 
 

@@ -1,5 +1,5 @@
 """The edges of a real Daphne server that the ASGI layers cannot reach
-(pantheon_site/daphne_hooks.py), and the canonical routing (pantheon_site/routes.py):
+(pantheon_site/daphne_hooks.py), and the canonical routing (pantheon_platform/routes.py):
 
 - a body that will be refused is refused once the headers are in, before it is sent
   (nothing spooled to disk): 413 over the route's limit, 401 without a valid key (an

@@ -1,4 +1,4 @@
-"""Routing is canonical before access checks (pantheon_site.routes.canonical, applied by
+"""Routing is canonical before access checks (pantheon_platform.routes.canonical, applied by
 the outermost ASGI layer pantheon_site.stack.canonical_path): every route of the URL table
 (Django's resolver and the Channels routes), spelled with double slashes or dot segments,
 needs the scope of its canonical path and reaches the same handler.
@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from pantheon_site import routes
+from pantheon_platform import routes
 from tests.api.test_openapi import _concrete, channels_routes, django_routes
 from tests.security.helpers import LOOPBACK, bearer, call, make_key
 
@@ -87,7 +87,7 @@ def app():
 
 @pytest.fixture
 def empty_runtime(monkeypatch):
-    from inference.runtime import Runtime
+    from pantheon_platform.runtime import Runtime
     from tests.operators.helpers import install
 
     fresh = Runtime()

@@ -30,7 +30,6 @@ from gguf import GGUFReader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference import chat_http
 from inference.engine.decoding.constraints import (
     VALIDATION_TIMEOUT_S,
     ConstraintPlan,
@@ -39,6 +38,7 @@ from inference.engine.decoding.constraints import (
 )
 from inference.engine.text.tokenizer import Tokenizer, TooManyTokens
 from inference.engine.types import ModelConfig
+from pantheon_platform import chat_http
 from tests.api.helpers import CHAT, HELLO, AsgiCall
 
 LATENCY_BOUND_S = 0.1

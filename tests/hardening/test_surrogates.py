@@ -17,7 +17,7 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.serializers import lone_surrogate_at
+from pantheon_platform.strict_json import lone_surrogate_at
 
 pytestmark = pytest.mark.django_db
 

@@ -25,7 +25,7 @@ def model_dir(tmp_path: Path, settings) -> Path:
 @pytest.fixture
 def rt(monkeypatch):
     """A fresh registry that remembers nothing across restarts (no database)."""
-    from inference.runtime import Runtime
+    from pantheon_platform.runtime import Runtime
 
     fresh = Runtime()
     install(monkeypatch, fresh)
@@ -36,8 +36,8 @@ def rt(monkeypatch):
 @pytest.fixture
 def db_rt(monkeypatch, transactional_db):
     """A fresh registry that records every change in the database (operators.store)."""
-    from inference.runtime import Runtime
     from operators.store import DatabaseStore
+    from pantheon_platform.runtime import Runtime
 
     fresh = Runtime(DatabaseStore())
     install(monkeypatch, fresh)

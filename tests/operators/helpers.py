@@ -69,8 +69,8 @@ def error_of(response, status: int, type_: str) -> str:
 
 def install(monkeypatch, runtime) -> None:
     """Serve both the client routes and the operator routes from `runtime`."""
-    from inference import runtime as registry
     from inference import views
+    from pantheon_platform import runtime as registry
 
     monkeypatch.setattr(views, "runtime", runtime)
     monkeypatch.setattr(registry, "runtime", runtime)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from inference.runtime import MAX_CHAT_TEMPLATE_BYTES, LoadSpec, Runtime
 from operators.models import ModelConfig
 from operators.store import DatabaseStore
+from pantheon_platform.runtime import MAX_CHAT_TEMPLATE_BYTES, LoadSpec, Runtime
 from tests.operators.helpers import error_of
 
 LOAD = "/admin/models/load"

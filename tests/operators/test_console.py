@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from inference.runtime import LoadSpec
 from operators.models import Alias, ModelConfig
+from pantheon_platform.runtime import LoadSpec
 
 CHANGELIST = "/console/operators/modelconfig/"
 LOAD_FILE = CHANGELIST + "load-file/"

@@ -206,7 +206,7 @@ def test_a_load_of_a_loading_name_is_409(api, rt, model_dir, monkeypatch):
 
 
 def _spec(name):
-    from inference.runtime import LoadSpec
+    from pantheon_platform.runtime import LoadSpec
 
     return LoadSpec(name=name, path="tiny.gguf")
 

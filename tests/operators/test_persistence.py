@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from inference.runtime import FAILED, LoadSpec, Runtime, Store
 from operators.models import Alias, ModelConfig
 from operators.store import DatabaseStore
+from pantheon_platform.runtime import FAILED, LoadSpec, Runtime, Store
 
 
 def restart() -> Runtime:
@@ -122,7 +122,7 @@ def test_an_unreadable_store_falls_back_to_pantheon_models(model_dir, settings, 
 
 
 def test_requests_during_start_up_are_told_to_retry():
-    from inference.runtime import NoModelsLoaded
+    from pantheon_platform.runtime import NoModelsLoaded
 
     rt = Runtime()
     rt._starting = True  # the loader has not read the store yet

@@ -1,4 +1,4 @@
-"""inference.runtime as the operators' registry: LRU eviction and pins, aliases, the model
+"""pantheon_platform.runtime as the operators' registry: LRU eviction and pins, aliases, the model
 folders, admission, serialised loads and draining unloads. Tiny real GGUFs; a stand-in
 service only where a generation must be "running" for as long as the test says."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import kernels
-from inference.model_files import model_file_info
-from inference.runtime import (
+from pantheon_platform.model_files import model_file_info
+from pantheon_platform.runtime import (
     Conflict,
     InsufficientMemory,
     InvalidOption,
@@ -267,7 +267,7 @@ def test_loads_run_one_at_a_time_and_the_same_name_twice_conflicts(rt, model_dir
 
 
 def _state(name: str):
-    from inference.runtime import ModelState
+    from pantheon_platform.runtime import ModelState
 
     return ModelState(name)
 

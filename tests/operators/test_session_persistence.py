@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from inference import shutdown
 from inference.engine.serving import session_blob
 from inference.engine.types import GenerationRequest, SamplingParams, TokenEvent
-from inference.runtime import LoadSpec
+from pantheon_platform import shutdown
+from pantheon_platform.runtime import LoadSpec
 from sessions import persistence, records
 from sessions.models import SessionRecord
 from sessions.persistence import REJECTED_DIR, SUFFIX, file_stem, restore, spill

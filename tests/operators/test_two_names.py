@@ -10,7 +10,7 @@ import json
 import pytest
 from django.test import override_settings
 
-from inference.runtime import Runtime
+from pantheon_platform.runtime import Runtime
 from tests.conftest import SMOLLM2_NAME
 from tests.operators.helpers import Api, AsgiRequest, error_of, install
 

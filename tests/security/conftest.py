@@ -51,7 +51,7 @@ def model_dir(tmp_path: Path, settings) -> Path:
 @pytest.fixture
 def rt(monkeypatch, model_dir):
     """A fresh registry serving both the client and the operator routes (no database)."""
-    from inference.runtime import Runtime
+    from pantheon_platform.runtime import Runtime
 
     fresh = Runtime()
     install(monkeypatch, fresh)
@@ -62,7 +62,7 @@ def rt(monkeypatch, model_dir):
 @pytest.fixture
 def tiny(rt):
     """`tiny` loaded: the model the attacks try to unload."""
-    from inference.runtime import LoadSpec
+    from pantheon_platform.runtime import LoadSpec
 
     rt.load(LoadSpec(name="tiny", path="tiny.gguf"))
     assert "tiny" in rt.services()

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pantheon_site import routes
+from pantheon_platform import routes
 from tests.api.helpers import CHAT, HELLO
 from tests.security.asgi_raw import request, stack_app
 

@@ -33,7 +33,12 @@ import psutil
 import kernels
 from inference.engine.serving.embedding import POOLINGS
 from inference.engine.types import ModelConfig
-from inference.model_files import ModelFileInfo, allowed_model_path, is_file, model_file_info
+from pantheon_platform.model_files import (
+    ModelFileInfo,
+    allowed_model_path,
+    is_file,
+    model_file_info,
+)
 
 if TYPE_CHECKING:
     from inference.engine.serving.service import ModelService

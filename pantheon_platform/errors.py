@@ -30,7 +30,7 @@ from inference.engine.types import (
     WatchUnavailable,
     WeightsVersionMismatch,
 )
-from inference.runtime import ModelNotFound, NoModelsLoaded
+from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded
 
 log = logging.getLogger("pantheon.http")
 

@@ -23,10 +23,10 @@ from typing import TypeVar
 
 from django.conf import settings
 
-from inference import runtime as registry
 from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
-from inference.errors import ApiError
-from inference.request_log import note
+from pantheon_platform import runtime as registry
+from pantheon_platform.errors import ApiError
+from pantheon_platform.request_log import note
 from sessions import tenancy
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ Only files inside the folders may be loaded: `allowed_model_path` follows symlin
 refuses anything that ends up outside. `model_file_info` reads a file's metadata for the
 available list and for admission, cached by (path, size, mtime) because GGUFReader takes
 seconds on a large vocabulary. Errors are builtins (PermissionError, FileNotFoundError,
-ValueError); inference.runtime turns them into operator refusals.
+ValueError); pantheon_platform.runtime turns them into operator refusals.
 """
 
 from __future__ import annotations

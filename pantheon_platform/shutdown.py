@@ -48,7 +48,7 @@ def in_flight() -> int:
 
 
 def _services() -> list:
-    from inference.runtime import runtime
+    from pantheon_platform.runtime import runtime
 
     if hasattr(runtime, "instances"):  # the registry: unloading instances included
         found = [info.svc for info in runtime.instances()]

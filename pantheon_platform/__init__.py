@@ -1,0 +1,1 @@
+"""The platform every app shares (see DESIGN.md, Layout)."""
