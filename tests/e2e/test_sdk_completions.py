@@ -1,16 +1,24 @@
 """Legacy completions, embeddings and llama.cpp's tokenize routes through the unmodified
-`openai` SDK (and httpx) against the real server: Daphne serving the shipped SmolLM2."""
+`openai` SDK (and httpx) against the real server: Daphne serving the shipped SmolLM2,
+with an API key (the routes take the `inference` scope and log as the chat route)."""
 
 from __future__ import annotations
+
+import json
+import time
 
 import httpx
 import numpy as np
 import pytest
 
+from pantheon_site import routes
 from tests.e2e.daphne_server import running_server
 from tests.engine.test_embedding import PARAPHRASES, UNRELATED
 
 MODEL = "smollm2-135m-instruct"
+KEY = "sk-completions-e2e"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ROUTES = ("/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
 QUESTION = "What is the capital of France?"
 # SmolLM2's chat template (ChatML) for a system and a user turn, written out by hand: the
 # raw prompt a legacy completion sends to get the chat route's answer.
@@ -26,7 +34,9 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_path):
     with running_server(
-        tmp_path_factory.mktemp("pantheon-completions"), {MODEL: smollm2_path}
+        tmp_path_factory.mktemp("pantheon-completions"),
+        {MODEL: smollm2_path},
+        PANTHEON_API_KEY=KEY,
     ) as srv:
         yield srv
 
@@ -34,7 +44,7 @@ def server(tmp_path_factory, smollm2_path):
 @pytest.fixture(scope="module")
 def sdk(server):
     openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
 # --- /v1/completions -------------------------------------------------------------------
@@ -105,7 +115,8 @@ def test_echo_with_logprobs_scores_the_prompt_and_the_answer(sdk):
 
 def test_token_prompts_and_several_prompts(sdk, server):
     def ids(text):
-        return httpx.post(server.url + "/tokenize", json={"content": text}).json()["tokens"]
+        response = httpx.post(server.url + "/tokenize", json={"content": text}, headers=AUTH)
+        return response.json()["tokens"]
 
     by_text = sdk.completions.create(
         model=MODEL, prompt="Once upon a time", temperature=0, max_tokens=8
@@ -203,9 +214,38 @@ def test_embedding_refusals_are_400s(sdk, kwargs, param):
 
 def test_tokenize_round_trip_over_daphne(server):
     text = "Hello, wörld! <|im_end|>"
-    tokens = httpx.post(server.url + "/tokenize", json={"content": text}).json()["tokens"]
+    tokens = httpx.post(server.url + "/tokenize", json={"content": text}, headers=AUTH)
+    tokens = tokens.json()["tokens"]
     assert tokens[-1] == 2  # the special token written in the text is recognised
-    back = httpx.post(server.url + "/detokenize", json={"tokens": tokens, "model": MODEL})
+    back = httpx.post(
+        server.url + "/detokenize", json={"tokens": tokens, "model": MODEL}, headers=AUTH
+    )
     assert back.json() == {"content": text}
-    bad = httpx.post(server.url + "/detokenize", json={"tokens": [-1]})
+    bad = httpx.post(server.url + "/detokenize", json={"tokens": [-1]}, headers=AUTH)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+# --- keys, limits, the access log ---------------------------------------------------
+
+
+def test_the_routes_take_the_inference_scope_the_large_body_limit_and_log_the_model(server):
+    body = {"prompt": "Hi", "max_tokens": 1, "input": "Hi", "content": "Hi", "tokens": [1]}
+    for path in ROUTES:
+        assert routes.scope_for(path) == routes.INFERENCE
+        assert routes.body_limit(path) == routes.body_limit("/v1/chat/completions")
+        refused = httpx.post(server.url + path, json=body, timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "invalid_api_key"
+        assert httpx.post(server.url + path, json=body, headers=AUTH, timeout=300).is_success
+    deadline = time.monotonic() + 10
+    logged: dict[str, dict] = {}
+    while time.monotonic() < deadline and len(logged) < len(ROUTES):
+        for line in server.log.read_text(errors="replace").splitlines():
+            start = line.find('{"ts"')
+            entry = json.loads(line[start:]) if start >= 0 else {}
+            if entry.get("route") in ROUTES and entry.get("status") == 200:
+                logged[entry["route"]] = entry
+        time.sleep(0.2)
+    assert set(logged) == set(ROUTES)
+    assert all(
+        entry["model"] == MODEL and entry["key"] == "env:client" for entry in logged.values()
+    )
