@@ -1,7 +1,7 @@
 """Client routes about the server rather than a conversation: GET /v1/models (and
 /models), GET /v1/models/{id} (and /models/{id}), GET /health (llama.cpp's shape).
 
-The registry is looked up per call (`runtime_module.runtime`), so a test that swaps the
+The registry is looked up per call (`get_runtime()`), so a test that swaps the
 process-wide Runtime is seen here too.
 """
 
@@ -12,10 +12,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import kernels
-from pantheon_platform import runtime as runtime_module
 from pantheon_platform import shutdown
 from pantheon_platform.errors import ApiError
-from pantheon_platform.runtime import FAILED, LOADING, UNLOADING, build_id
+from pantheon_platform.runtime import FAILED, LOADING, UNLOADING, build_id, get_runtime
 
 
 def model_row(name: str, svc) -> dict:
@@ -42,7 +41,7 @@ class ModelsView(APIView):
     """GET /v1/models: one row per served name, loaded models only."""
 
     def get(self, request):
-        services = runtime_module.runtime.services()
+        services = get_runtime().services()
         data = [model_row(name, svc) for name, svc in sorted(services.items())]
         return Response(
             {"object": "list", "backend": kernels.backend_name(), "build": build_id(), "data": data}
@@ -55,7 +54,7 @@ class ModelView(APIView):
     the id must name a served model even when only one is loaded: 404 model_not_found."""
 
     def get(self, request, model_id: str):
-        rt = runtime_module.runtime
+        rt = get_runtime()
         name = rt.follow(model_id)
         svc = rt.services().get(name)
         if svc is None:
@@ -95,7 +94,7 @@ def _not_ready() -> str | None:
     """Why the server cannot serve completions now (llama.cpp's messages), or None."""
     if shutdown.draining():
         return "Shutting down"
-    rt = runtime_module.runtime
+    rt = get_runtime()
     loading = any(s.state == LOADING for s in rt.states().values())
     # `_starting`: the loader has not read the model list yet (nothing is listed).
     if loading or getattr(rt, "_starting", False):

@@ -28,7 +28,7 @@ from pantheon_platform.errors import (
     not_found,
     shutting_down,
 )
-from pantheon_platform.runtime import FAILED, build_id, runtime
+from pantheon_platform.runtime import FAILED, build_id, get_runtime
 from pantheon_platform.strict_json import parse_json_object
 
 log = logging.getLogger("pantheon.http")
@@ -42,8 +42,8 @@ class HealthView(APIView):
     """GET /: always 200; says what this process runs on and what is (still) loading."""
 
     def get(self, request):
-        services = runtime.services()
-        states = runtime.states()
+        services = get_runtime().services()
+        states = get_runtime().states()
         body = {
             "service": "pantheon",
             "status": "ok",
@@ -134,7 +134,7 @@ def simulate_memory_pressure(request: HttpRequest) -> HttpResponse:
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise invalid_request("model: expected a string")
-        name, svc = runtime.resolve(model)
+        name, svc = get_runtime().resolve(model)
         svc.simulate_memory_pressure(level)
     except Exception as exc:
         error = api_error_from(exc)

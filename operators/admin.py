@@ -21,9 +21,8 @@ from operators.models import Alias, ModelConfig
 from operators.rows import dies_listing
 from operators.serializers import load_spec
 from operators.store import spec_of
-from operators.views import live
 from pantheon_platform.model_files import allowed_model_path
-from pantheon_platform.runtime import FAILED, NotFound, OperatorError
+from pantheon_platform.runtime import FAILED, NotFound, OperatorError, get_runtime
 
 
 def _bytes(n: int) -> str:
@@ -73,10 +72,10 @@ class ModelConfigAdmin(admin.ModelAdmin):
 
     @admin.display(description="status")
     def status(self, obj: ModelConfig) -> str:
-        info = live().instance(obj.name)
+        info = get_runtime().instance(obj.name)
         if info is not None:
             return "unloading" if info.draining else "loaded"
-        state = live().states().get(obj.name)
+        state = get_runtime().states().get(obj.name)
         if state is not None and state.state == FAILED:
             return f"failed: {state.error}"
         if state is not None:
@@ -85,22 +84,22 @@ class ModelConfigAdmin(admin.ModelAdmin):
 
     @admin.display(description="in flight")
     def in_flight(self, obj: ModelConfig):
-        info = live().instance(obj.name)
+        info = get_runtime().instance(obj.name)
         return info.svc.in_flight if info else "-"
 
     @admin.display(description="sessions")
     def sessions(self, obj: ModelConfig):
-        info = live().instance(obj.name)
+        info = get_runtime().instance(obj.name)
         return info.svc.max_sessions if info else "-"
 
     @admin.display(description="memory")
     def memory(self, obj: ModelConfig) -> str:
-        info = live().instance(obj.name)
+        info = get_runtime().instance(obj.name)
         return _bytes(info.svc.memory_bytes) if info else "-"
 
     @admin.display(description="context window (served / configured)")
     def context_window(self, obj: ModelConfig) -> str:
-        info = live().instance(obj.name)
+        info = get_runtime().instance(obj.name)
         if info is None:
             return "-"
         return f"{info.svc.context_window} / {info.context_window_configured}"
@@ -111,7 +110,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
     def load_selected(self, request, queryset):
         for row in queryset:
             try:
-                live().load(spec_of(row))
+                get_runtime().load(spec_of(row))
             except OperatorError as exc:
                 self.message_user(request, f"{row.name}: {exc}", messages.ERROR)
             else:
@@ -121,7 +120,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
     def unload_selected(self, request, queryset):
         for row in queryset:
             try:
-                result = live().unload(row.name)
+                result = get_runtime().unload(row.name)
             except NotFound:  # not loaded: just do not load it at the next start
                 ModelConfig.objects.filter(pk=row.pk).update(should_load=False)
                 self.message_user(request, f"{row.name} was not loaded.", messages.INFO)
@@ -142,7 +141,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
     def _set_pinned(self, request, queryset, pinned: bool) -> None:
         for row in queryset:
             try:
-                live().set_pinned(row.name, pinned)
+                get_runtime().set_pinned(row.name, pinned)
             except NotFound:  # not loaded: applies at its next load
                 ModelConfig.objects.filter(pk=row.pk).update(pinned=pinned)
             except OperatorError as exc:
@@ -155,7 +154,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
-        if change and live().instance(obj.name) is not None:
+        if change and get_runtime().instance(obj.name) is not None:
             self.message_user(
                 request,
                 f"{obj.name} is loaded: the new options apply when it is next loaded.",
@@ -164,12 +163,12 @@ class ModelConfigAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         # A loaded model's record stays while it is loaded: unload it first.
-        if obj is not None and live().instance(obj.name) is not None:
+        if obj is not None and get_runtime().instance(obj.name) is not None:
             return False
         return super().has_delete_permission(request, obj)
 
     def delete_queryset(self, request, queryset):
-        loaded = [row.name for row in queryset if live().instance(row.name) is not None]
+        loaded = [row.name for row in queryset if get_runtime().instance(row.name) is not None]
         if loaded:
             self.message_user(
                 request, f"Kept {', '.join(loaded)}: unload before deleting.", messages.WARNING
@@ -196,12 +195,12 @@ class ModelConfigAdmin(admin.ModelAdmin):
     def load_file_view(self, request):
         if not self.has_change_permission(request):
             return redirect("admin:index")
-        available = files.available_models(live())
+        available = files.available_models(get_runtime())
         form = LoadFileForm(request.POST or None, choices=available)
         if request.method == "POST" and form.is_valid():
             data = {**form.cleaned_data, "path": form.cleaned_data["file"]}
             try:
-                info = live().load(load_spec(data))
+                info = get_runtime().load(load_spec(data))
             except OperatorError as exc:
                 form.add_error(None, str(exc))
             else:
@@ -221,7 +220,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Accelerator dies",
-            "dies": dies_listing(live()),
+            "dies": dies_listing(get_runtime()),
         }
         return TemplateResponse(request, "admin/operators/modelconfig/dies.html", context)
 
@@ -271,7 +270,7 @@ class AliasForm(forms.ModelForm):
         alias = data.get("alias") or (self.instance.alias if self.instance.pk else "")
         if alias and data.get("target"):
             try:
-                live().check_alias(alias, data["target"])
+                get_runtime().check_alias(alias, data["target"])
             except OperatorError as exc:
                 raise ValidationError(str(exc)) from None
         return data
@@ -288,15 +287,15 @@ class AliasAdmin(admin.ModelAdmin):
 
     @admin.display(description="resolves to")
     def resolves_to(self, obj: Alias) -> str:
-        return live().follow(obj.alias)
+        return get_runtime().follow(obj.alias)
 
     @admin.display(description="loaded", boolean=True)
     def target_loaded(self, obj: Alias) -> bool:
-        return live().follow(obj.alias) in live().services()
+        return get_runtime().follow(obj.alias) in get_runtime().services()
 
     def save_model(self, request, obj, form, change):
         try:
-            live().set_alias(obj.alias, obj.target)  # the registry's store writes the row
+            get_runtime().set_alias(obj.alias, obj.target)  # the registry's store writes the row
         except OperatorError as exc:  # changed since the form was validated
             self.message_user(request, f"{obj.alias}: {exc}", messages.ERROR)
             return
@@ -316,7 +315,7 @@ class AliasAdmin(admin.ModelAdmin):
     @staticmethod
     def _delete(obj: Alias) -> None:
         try:
-            live().delete_alias(obj.alias)
+            get_runtime().delete_alias(obj.alias)
         except NotFound:  # the registry never had it
             pass
         Alias.objects.filter(pk=obj.pk).delete()

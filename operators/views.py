@@ -22,7 +22,6 @@ from operators.serializers import (
     load_spec,
     validated,
 )
-from pantheon_platform import runtime as registry
 from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import (
@@ -33,6 +32,7 @@ from pantheon_platform.runtime import (
     OperationFailed,
     OperatorError,
     PathNotAllowed,
+    get_runtime,
 )
 
 _STATUS = {
@@ -53,16 +53,13 @@ def refused(exc: OperatorError, type_: str, *, not_found_type: str | None = None
     return ApiError(status, str(exc), type_)
 
 
-def live():
-    """The process-wide registry, looked up per call so tests can put in their own."""
-    return registry.runtime
-
-
 class AdminModelsView(APIView):
     """GET /admin/models: one row per live instance, with the operator-only fields."""
 
     def get(self, request):
-        return Response({"object": "list", "data": [model_row(i) for i in live().instances()]})
+        return Response(
+            {"object": "list", "data": [model_row(i) for i in get_runtime().instances()]}
+        )
 
 
 class LoadView(APIView):
@@ -72,7 +69,7 @@ class LoadView(APIView):
         spec = load_spec(validated(LoadRequest, request.body))
         note(request, model=spec.name)
         try:
-            info = live().load(spec)
+            info = get_runtime().load(spec)
         except OperatorError as exc:
             raise refused(exc, "load_failed") from None
         return Response(model_row(info))
@@ -85,7 +82,7 @@ class UnloadView(APIView):
         name = validated(NameRequest, request.body)["name"]
         note(request, model=name)
         try:
-            result = live().unload(name)
+            result = get_runtime().unload(name)
         except OperatorError as exc:
             raise refused(exc, "unload_failed") from None
         body = {"unloaded": result.name, "drained": result.drained}
@@ -100,7 +97,7 @@ class PinView(APIView):
     def post(self, request):
         data = validated(PinRequest, request.body)
         try:
-            info = live().set_pinned(data["name"], data["pinned"])
+            info = get_runtime().set_pinned(data["name"], data["pinned"])
         except OperatorError as exc:
             raise refused(exc, "pin_failed", not_found_type="model_not_found") from None
         return Response({"name": info.name, "pinned": info.pinned})
@@ -115,7 +112,7 @@ class AliasesView(APIView):
     def post(self, request):
         data = validated(AliasRequest, request.body)
         try:
-            live().set_alias(data["alias"], data["target"])
+            get_runtime().set_alias(data["alias"], data["target"])
         except OperatorError as exc:
             type_ = "alias_conflict" if isinstance(exc, Conflict) else "invalid_alias"
             raise refused(exc, type_) from None
@@ -129,14 +126,14 @@ class AliasView(APIView):
         if len(alias) > NAME_MAX:
             raise invalid_request(f"alias: at most {NAME_MAX} characters")
         try:
-            live().delete_alias(alias)
+            get_runtime().delete_alias(alias)
         except OperatorError as exc:
             raise refused(exc, "alias_not_found") from None
         return Response({"deleted": alias})
 
 
 def _alias_rows() -> list[dict]:
-    rt = live()
+    rt = get_runtime()
     served = rt.services()
     rows = []
     for alias, target in sorted(rt.aliases().items()):
@@ -156,11 +153,11 @@ class DiesView(APIView):
     """GET /admin/dies: empty with n_dies 0 on a host without accelerator dies."""
 
     def get(self, request):
-        return Response(dies_listing(live()))
+        return Response(dies_listing(get_runtime()))
 
 
 class AvailableView(APIView):
     """GET /admin/models/available: the GGUF files under PANTHEON_MODEL_DIRS."""
 
     def get(self, request):
-        return Response({"object": "list", "data": files.available_models(live())})
+        return Response({"object": "list", "data": files.available_models(get_runtime())})

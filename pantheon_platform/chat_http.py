@@ -24,9 +24,9 @@ from typing import TypeVar
 from django.conf import settings
 
 from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
-from pantheon_platform import runtime as registry
 from pantheon_platform.errors import ApiError
 from pantheon_platform.request_log import note
+from pantheon_platform.runtime import get_runtime
 from sessions import tenancy
 
 T = TypeVar("T")
@@ -115,7 +115,7 @@ async def start_turn(
     `deadline`, and hand back its (not yet started) event stream. Raises the runtime's
     ModelNotFound / NoModelsLoaded, ApiError (429/413 from the prepare pool),
     InvalidTurn and ContextOverBudget."""
-    name, svc = registry.runtime.resolve(model)
+    name, svc = get_runtime().resolve(model)
     # In the caller's key's namespace: another key's session of that id is not reached.
     key = tenancy.session_key(request, session_id)
     note(request, model=name, session_id=key)

@@ -919,4 +919,11 @@ def build_id() -> str:
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
-runtime = Runtime()
+_runtime = Runtime()  # the process's registry; tests swap it (tests/conftest.py use_runtime)
+
+
+def get_runtime() -> Runtime:
+    """The process's model registry: the one way any module reaches it. Looked up per
+    call (never bound at import), so a registry a test puts in place is the one every
+    view, consumer and background task sees."""
+    return _runtime

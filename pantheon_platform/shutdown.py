@@ -48,8 +48,9 @@ def in_flight() -> int:
 
 
 def _services() -> list:
-    from pantheon_platform.runtime import runtime
+    from pantheon_platform.runtime import get_runtime
 
+    runtime = get_runtime()
     if hasattr(runtime, "instances"):  # the registry: unloading instances included
         found = [info.svc for info in runtime.instances()]
     else:

@@ -36,11 +36,12 @@ threads.configure(settings.PANTHEON_THREADS)
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 from operators.store import DatabaseStore  # noqa: E402
-from pantheon_platform.runtime import runtime  # noqa: E402
+from pantheon_platform.runtime import get_runtime  # noqa: E402
 from pantheon_site import stack  # noqa: E402
 from sessions import persistence as session_persistence  # noqa: E402
 
 django_asgi_app = get_asgi_application()
+runtime = get_runtime()
 runtime.use_store(DatabaseStore())
 session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
 runtime.start_loading()

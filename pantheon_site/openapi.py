@@ -543,7 +543,7 @@ _LOAD_REQUEST = _object(
             {
                 "enum": ["mean", "last", "cls"],
                 "description": "How /v1/embeddings pools hidden states; default: the "
-                "architecture's (mean for the decoder-only chat models).",
+                "architecture's (mean; last for gemma3).",
             }
         ),
         "ctx_cap": _nullable({**NON_NEGATIVE, "maximum": 1 << 24}),

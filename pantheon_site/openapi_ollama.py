@@ -20,7 +20,7 @@ from inference.ollama.parse import (
 )
 from inference.ollama.render import NDJSON
 from inference.ollama.views import MANAGED, managed_method
-from inference.serializers import IDENTIFIER_MAX, MAX_STOP_STRINGS
+from pantheon_platform.strict_json import IDENTIFIER_MAX, MAX_STOP_STRINGS
 
 
 def _ref(name: str) -> dict:

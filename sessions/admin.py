@@ -16,7 +16,7 @@ from django.http import HttpResponse
 
 from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import EngineError
-from pantheon_platform import runtime as registry
+from pantheon_platform.runtime import get_runtime
 from sessions import records
 from sessions.models import SessionRecord
 from sessions.persistence import SUFFIX, file_stem, model_folder, sessions_root
@@ -73,7 +73,7 @@ class SessionRecordAdmin(admin.ModelAdmin):
 
     @admin.action(description="Release selected sessions")
     def release_selected(self, request, queryset):
-        services = registry.runtime.services()
+        services = get_runtime().services()
         released = 0
         for row in queryset:
             svc = services.get(row.model_name)
@@ -101,7 +101,7 @@ class SessionRecordAdmin(admin.ModelAdmin):
             self.message_user(request, "Select exactly one session to export.", messages.ERROR)
             return None
         row = rows[0]
-        svc = registry.runtime.services().get(row.model_name)
+        svc = get_runtime().services().get(row.model_name)
         if svc is None:
             self.message_user(
                 request,

@@ -21,8 +21,8 @@ from urllib.parse import parse_qs
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
-from pantheon_platform import runtime as registry
 from pantheon_platform.errors import ApiError, api_error_from, invalid_request, method_not_allowed
+from pantheon_platform.runtime import get_runtime
 from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
@@ -96,7 +96,7 @@ class SessionWatchConsumer(AsyncHttpConsumer):
             raise invalid_request(f"session_id: at most {SESSION_ID_MAX} characters")
         name = (query.get("name") or [""])[0] or None
         # A dict lookup under the registry's lock: fine on the event loop.
-        served, svc = registry.runtime.resolve(name)
+        served, svc = get_runtime().resolve(name)
         if not svc.sessions.enabled:
             raise ApiError(
                 400,

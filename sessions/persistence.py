@@ -55,8 +55,8 @@ from pathlib import Path
 from inference.engine.serving.session_blob import encode, read_header
 from inference.engine.serving.sessions import OPEN, SessionKey
 from inference.engine.types import BadSessionBlob
-from pantheon_platform import runtime as registry
 from pantheon_platform import shutdown
+from pantheon_platform.runtime import get_runtime
 from sessions import records, tenancy
 
 log = logging.getLogger("pantheon.sessions")
@@ -466,7 +466,7 @@ def spill_on_exit() -> None:
     root = sessions_root()
     spilled: dict[str, set[SessionKey]] = {}
     done: set[int] = set()
-    for name, svc in registry.runtime.services().items():
+    for name, svc in get_runtime().services().items():
         # One service may be served under two names (tests): spill it once.
         if id(svc) in done or not hasattr(svc, "sessions"):
             continue

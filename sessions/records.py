@@ -26,7 +26,7 @@ import threading
 from django.db import connections, transaction
 
 from inference.engine.serving.sessions import SessionKey
-from pantheon_platform import runtime as registry
+from pantheon_platform.runtime import get_runtime
 from sessions.models import SessionRecord
 
 log = logging.getLogger("pantheon.sessions")
@@ -68,7 +68,7 @@ def _fields(info) -> dict:
 def engine_snapshot() -> dict[str, list]:
     """{served name: [SessionInfo]} for every served model that keeps sessions."""
     found = {}
-    for name, svc in registry.runtime.services().items():
+    for name, svc in get_runtime().services().items():
         info = getattr(svc, "session_info", None)
         if info is None:  # a stand-in service (routing tests)
             continue

@@ -27,7 +27,6 @@ from django.views.decorators.csrf import csrf_exempt
 from inference.engine.serving.service import FALLBACK_PREFILL_TOK_PER_S
 from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import BadSessionBlob
-from pantheon_platform import runtime as registry
 from pantheon_platform.errors import (
     ApiError,
     api_error_from,
@@ -36,7 +35,7 @@ from pantheon_platform.errors import (
     method_not_allowed,
 )
 from pantheon_platform.request_log import note
-from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded
+from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded, get_runtime
 from pantheon_platform.strict_json import parse_json_object
 from sessions import tenancy
 
@@ -74,11 +73,6 @@ def _route(*methods: str) -> Callable:
     return wrap
 
 
-def _live():
-    """The process-wide registry, looked up per call so tests can put in their own."""
-    return registry.runtime
-
-
 def _model_name(value: object) -> str | None:
     """`name`: absent, null or "" routes to the default model."""
     if value is None or value == "":
@@ -107,7 +101,7 @@ def _session_id(value: object, header: str | None = None) -> str:
 def _caching_service(name: str | None):
     """(served name, service) for a session route: 404 model_not_found, or 400
     session_caching_disabled when the model keeps no sessions (max_sessions 0)."""
-    served, svc = _live().resolve(name)
+    served, svc = get_runtime().resolve(name)
     if not svc.sessions.enabled:
         raise ApiError(
             400,
@@ -209,7 +203,7 @@ def restore_body_limit() -> int:
     (SmolLM2: 60 KiB per token), so a session of a thousand tokens is already past 64 MiB.
     The ASGI body limit (pantheon_site/routes.body_limit) answers 413 past the same number."""
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0
-    for svc in _live().services().values():
+    for svc in get_runtime().services().values():
         # base64 of the KV, plus each token id twice (the blob's header and `tokens`)
         per_token = svc.kv.bytes_per_token() * 4 // 3 + 40
         limit = max(limit, svc.context_window_configured * per_token + RESTORE_SLACK_BYTES)
@@ -235,7 +229,7 @@ def release_session(request: HttpRequest) -> HttpResponse:
     now. Idempotent: an unknown or already released id is also a 200."""
     body = parse_json_object(request.body)
     sid = _session_id(body.get("session_id"), request.headers.get("X-Session-Id", ""))
-    served, svc = _live().resolve(_model_name(body.get("name")))
+    served, svc = get_runtime().resolve(_model_name(body.get("name")))
     note(request, model=served, session_id=sid)
     svc.release_session(tenancy.session_key(request, sid))  # the caller's own only
     return json_response({"released": True, "session_id": sid})
@@ -262,7 +256,7 @@ def estimate_session(request: HttpRequest) -> HttpResponse:
     blob_bytes = _positive_int(params, "blob_bytes", required=False)
     upload_bps = _positive_number(params, "upload_bps") or ESTIMATE_UPLOAD_BPS
     try:
-        model, svc = _live().resolve(_model_name(params.get("name")))
+        model, svc = get_runtime().resolve(_model_name(params.get("name")))
     except (ModelNotFound, NoModelsLoaded):
         model, svc = "", None
     if svc is not None:

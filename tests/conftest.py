@@ -62,16 +62,19 @@ def smollm2_service(smollm2_path: Path):
     svc.close()
 
 
+def use_runtime(monkeypatch, runtime) -> None:
+    """Put `runtime` in place of the process's registry for one test: what
+    pantheon_platform.runtime.get_runtime() answers, everywhere."""
+    monkeypatch.setattr("pantheon_platform.runtime._runtime", runtime)
+
+
 @pytest.fixture
 def empty_runtime(monkeypatch):
     """A fresh Runtime with nothing loaded, in place of the process-wide one."""
-    from inference import views
-    from pantheon_platform import runtime as runtime_module
+    from pantheon_platform.runtime import Runtime
 
-    fresh = runtime_module.Runtime()
-    monkeypatch.setattr(views, "runtime", fresh)
-    # Views that look the registry up per call (operators, sessions) see it too.
-    monkeypatch.setattr(runtime_module, "runtime", fresh)
+    fresh = Runtime()
+    use_runtime(monkeypatch, fresh)
     return fresh
 
 

@@ -29,7 +29,6 @@ from inference.anthropic.render import (
 )
 from inference.engine.chat import prepare_turn
 from inference.engine.types import FinishEvent, GenerationFailed, TokenEvent
-from pantheon_platform import runtime as registry
 from pantheon_platform import shutdown
 from pantheon_platform.chat_http import (
     StartedTurn,
@@ -40,6 +39,7 @@ from pantheon_platform.chat_http import (
 )
 from pantheon_platform.errors import json_response, method_not_allowed, shutting_down
 from pantheon_platform.request_log import note
+from pantheon_platform.runtime import get_runtime
 from pantheon_platform.sse import EventStreamResponse
 from pantheon_platform.strict_json import parse_json_object
 from sessions import tenancy
@@ -96,7 +96,7 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
     try:
         deadline = turn_deadline()
         parsed = await off_loop(deadline, lambda: _parse(request, count_only=True))
-        name, svc = registry.runtime.resolve(parsed.model)
+        name, svc = get_runtime().resolve(parsed.model)
         note(request, model=name, session_id=tenancy.session_key(request, parsed.session_id))
         turn = parsed.turn(None)
         prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, chat_options()))

@@ -28,8 +28,8 @@ from inference.engine.types import (
     MAX_TOKENS_CLAMP,
     SamplingParams,
 )
-from inference.errors import invalid_request
-from inference.serializers import (
+from pantheon_platform.errors import invalid_request
+from pantheon_platform.strict_json import (
     IDENTIFIER_MAX,
     INT64_BOUND,
     MAX_STOP_STRINGS,

@@ -21,7 +21,7 @@ from inference.engine.types import (
     FinishEvent,
     TokenEvent,
 )
-from inference.errors import ApiError, api_error_from, json_response
+from pantheon_platform.errors import ApiError, api_error_from, json_response
 
 NDJSON = "application/x-ndjson"
 # The core's finish reasons as Ollama's done_reason: a tool call ends the turn ("stop",

@@ -69,11 +69,9 @@ def error_of(response, status: int, type_: str) -> str:
 
 def install(monkeypatch, runtime) -> None:
     """Serve both the client routes and the operator routes from `runtime`."""
-    from inference import views
-    from pantheon_platform import runtime as registry
+    from tests.conftest import use_runtime
 
-    monkeypatch.setattr(views, "runtime", runtime)
-    monkeypatch.setattr(registry, "runtime", runtime)
+    use_runtime(monkeypatch, runtime)
 
 
 class AsgiRequest:
