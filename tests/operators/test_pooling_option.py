@@ -20,7 +20,7 @@ def embedding(api, model: str, text: str) -> np.ndarray:
 def test_pooling_is_a_load_option_with_a_default(api, rt, model_dir):
     default = api.post(LOAD, {"path": "tiny.gguf", "name": "default"})
     assert default.status_code == 200, default.content
-    assert default.json()["pooling"] == "mean"  # the decoder-only default
+    assert default.json()["pooling"] == "mean"  # the llama default
     last = api.post(LOAD, {"path": "tiny.gguf", "name": "last", "pooling": "last"})
     assert last.status_code == 200, last.content
     assert last.json()["pooling"] == "last"

@@ -13,11 +13,12 @@ from collections.abc import Generator, Sequence
 import numpy as np
 
 POOLINGS = ("mean", "last", "cls")
-# Decoder-only chat models, measured on SmolLM2 (tests/e2e/test_sdk_completions.py,
-# bench/RESULTS.md): mean pooling separates paraphrases from unrelated pairs better than
-# the last token's state. An architecture with a better default lists it here.
+# Measured on the shipped models (tests/engine/test_embedding.py, bench/RESULTS.md): on
+# SmolLM2 (llama) mean pooling separates paraphrases from unrelated pairs best, on
+# gemma-3-270m the last token's state does. `cls` (the first token) is for encoders: in a
+# causal model it has seen nothing else (with a BOS, every input gets the same vector).
 DEFAULT_POOLING = "mean"
-ARCH_POOLING: dict[str, str] = {}
+ARCH_POOLING: dict[str, str] = {"gemma3": "last"}
 
 
 def default_pooling(architecture: str) -> str:
@@ -28,11 +29,12 @@ def embed_job(
     model, token_lists: Sequence[Sequence[int]], pooling: str, chunk: int
 ) -> Generator[None, None, np.ndarray]:
     """(N, D) float32 rows, L2-normalised: each input's final-normed hidden states pooled
-    (`mean` over its tokens, `last` token, `cls` the first token). Yields after each
-    prefill chunk."""
+    (`mean` over its tokens, `last` token, `cls` the first token). Yields once about
+    `chunk` tokens have run (a chunk of a long input, or several short inputs)."""
     if pooling not in POOLINGS:
         raise ValueError(f"pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
     out = np.zeros((len(token_lists), model.hp.d_model), dtype=np.float32)
+    ran = 0  # tokens since the last yield
     for i, ids in enumerate(token_lists):
         kv = model.make_kv_cache(1, len(ids))  # scratch: dropped with this input
         total = np.zeros(model.hp.d_model, dtype=np.float64)
@@ -44,7 +46,10 @@ def embed_job(
                 total = h[0].astype(np.float64)
             elif pooling == "last":
                 total = h[-1].astype(np.float64)
-            yield
+            ran += len(h)
+            if ran >= chunk:
+                ran = 0
+                yield
         if pooling == "mean":
             total /= len(ids)
         norm = np.linalg.norm(total)
