@@ -7,16 +7,16 @@ pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."
 from __future__ import annotations
 
 from inference.engine.types import MAX_CHOICES, MAX_TOKENS_CLAMP
-from inference.serializers import (
+from inference.textapi.common import TOKEN_ID_MAX
+from inference.textapi.completions import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, MAX_PROMPTS
+from inference.textapi.embeddings import ENCODINGS, MAX_INPUTS, MAX_TOTAL_TOKENS
+from pantheon_platform.strict_json import (
     IDENTIFIER_MAX,
     MAX_LOGIT_BIAS,
     MAX_STOP_STRINGS,
     REPETITION_PENALTY_MAX,
     TEMPERATURE_RANGE,
 )
-from inference.textapi.common import TOKEN_ID_MAX
-from inference.textapi.completions import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, MAX_PROMPTS
-from inference.textapi.embeddings import ENCODINGS, MAX_INPUTS, MAX_TOTAL_TOKENS
 
 _TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": TOKEN_ID_MAX}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from inference.serializers import IDENTIFIER_MAX, StrictCharField
+from pantheon_platform.strict_json import IDENTIFIER_MAX, StrictCharField
 
 TOKEN_ID_MAX = (1 << 31) - 1  # past any vocabulary; the model's own bound is checked later
 

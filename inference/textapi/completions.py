@@ -23,8 +23,6 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
-from inference import shutdown
-from inference.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
 from inference.engine.chat import Turn, collect
 from inference.engine.types import (
     DEFAULT_TEMPERATURE,
@@ -37,20 +35,24 @@ from inference.engine.types import (
     SamplingParams,
     TokenEvent,
 )
-from inference.errors import (
+from inference.serializers import StreamOptionsSerializer
+from inference.textapi.common import ModelField, text_inputs
+from pantheon_platform import shutdown
+from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
+from pantheon_platform.errors import (
     api_error_from,
     invalid_request,
     json_response,
     method_not_allowed,
     shutting_down,
 )
-from inference.serializers import (
+from pantheon_platform.sse import DONE, EventStreamResponse, sse_data
+from pantheon_platform.strict_json import (
     IDENTIFIER_MAX,
     REPETITION_PENALTY_MAX,
     TEMPERATURE_RANGE,
     LogitBiasField,
     StopField,
-    StreamOptionsSerializer,
     StrictBooleanField,
     StrictCharField,
     StrictFloatField,
@@ -58,8 +60,6 @@ from inference.serializers import (
     invalid_errors,
     parse_json_object,
 )
-from inference.sse import DONE, EventStreamResponse, sse_data
-from inference.textapi.common import ModelField, text_inputs
 
 log = logging.getLogger("pantheon.http")
 

@@ -18,26 +18,26 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
-from inference import runtime as registry
-from inference import shutdown
-from inference.chat_http import off_loop, turn_deadline
 from inference.engine.text.tokenizer import TooManyTokens
 from inference.engine.types import ContextOverBudget
-from inference.errors import (
+from inference.textapi.common import ModelField, text_inputs
+from pantheon_platform import shutdown
+from pantheon_platform.chat_http import off_loop, turn_deadline
+from pantheon_platform.errors import (
     api_error_from,
     invalid_request,
     json_response,
     method_not_allowed,
     shutting_down,
 )
-from inference.request_log import note
-from inference.serializers import (
+from pantheon_platform.request_log import note
+from pantheon_platform.runtime import get_runtime
+from pantheon_platform.strict_json import (
     StrictCharField,
     StrictIntegerField,
     invalid_errors,
     parse_json_object,
 )
-from inference.textapi.common import ModelField, text_inputs
 
 log = logging.getLogger("pantheon.http")
 
@@ -119,7 +119,7 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
         deadline = turn_deadline()
         req = await off_loop(deadline, lambda: validated(request.body))
         data = req.validated_data
-        name, svc = registry.runtime.resolve(data.get("model"))
+        name, svc = get_runtime().resolve(data.get("model"))
         note(request, model=name)
         dimensions = data.get("dimensions")
         if dimensions is not None and dimensions != svc.embedding_width:

@@ -15,17 +15,22 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
-from inference import runtime as registry
-from inference.chat_http import off_loop, turn_deadline
-from inference.errors import api_error_from, invalid_request, json_response, method_not_allowed
-from inference.request_log import note
-from inference.serializers import (
+from inference.textapi.common import ModelField, is_token_id
+from pantheon_platform.chat_http import off_loop, turn_deadline
+from pantheon_platform.errors import (
+    api_error_from,
+    invalid_request,
+    json_response,
+    method_not_allowed,
+)
+from pantheon_platform.request_log import note
+from pantheon_platform.runtime import get_runtime
+from pantheon_platform.strict_json import (
     StrictBooleanField,
     StrictCharField,
     invalid_errors,
     parse_json_object,
 )
-from inference.textapi.common import ModelField, is_token_id
 
 log = logging.getLogger("pantheon.http")
 
@@ -99,7 +104,7 @@ def _view(serializer_class, work, what: str):
         try:
             deadline = turn_deadline()
             data = await off_loop(deadline, lambda: _parsed(serializer_class, request.body))
-            name, svc = registry.runtime.resolve(data.get("model"))
+            name, svc = get_runtime().resolve(data.get("model"))
             note(request, model=name)
             return json_response(await off_loop(deadline, lambda: work(svc, data)))
         except Exception as exc:
