@@ -164,3 +164,18 @@ def test_a_cancelled_job_is_dropped_and_the_next_runs(smollm2_service):
     second = svc.embed([ids[:5]])
     assert second.result(timeout=300).shape == (1, svc.embedding_width)
     assert first.cancelled()
+
+
+def test_scores_are_the_same_whatever_the_chunking(smollm2_service):
+    """A prompt scored in small chunks (as a long one is) gives each token the score a
+    single pass gives it, the chunk boundaries included."""
+    from inference.engine.serving.embedding import score_job
+
+    svc = smollm2_service
+    ids = svc.encode_raw("One two three four five six seven eight nine ten eleven twelve.")
+    whole = svc.submit(score_job(svc.model, ids, 2, len(ids))).result(300)
+    chunked = svc.submit(score_job(svc.model, ids, 2, 5)).result(300)
+    assert len(chunked) == len(whole) == len(ids) - 1
+    for (a, top_a), (b, top_b) in zip(whole, chunked, strict=True):
+        assert a == pytest.approx(b, abs=1e-4)
+        assert [j for j, _ in top_a] == [j for j, _ in top_b]

@@ -57,35 +57,45 @@ def embed_job(
     return out
 
 
+LOGITS_BUDGET = 16 << 20  # logits (rows x vocabulary) one scoring pass may hold: 64 MB
+SCORE_ROWS = 16  # rows turned into float64 at a time
+
+
 def score_job(
     model, ids: Sequence[int], top_n: int, chunk: int
 ) -> Generator[None, None, list[tuple[float, tuple[tuple[int, float], ...]]]]:
     """The log-probability of each token of `ids` after the ones before it (raw logits,
     temperature 1), with the `top_n` most likely ids at that position: one entry per
-    token from the second on. Yields after each prefill chunk."""
+    token from the second on. Chunks are cut so that a pass's logits stay within
+    LOGITS_BUDGET (a 262k vocabulary scores 64 tokens a pass). Yields after each."""
+    chunk = max(1, min(chunk, LOGITS_BUDGET // model.hp.vocab_size))
     kv = model.make_kv_cache(1, len(ids))
     out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
     for start in range(0, len(ids), chunk):
         part = np.asarray(ids[start : start + chunk])
         logits = model.forward(part, start, kv, 0, all_logits=True)  # (T, V)
         rows = min(len(part), len(ids) - start - 1)  # the last token predicts nothing here
-        if rows <= 0:
-            yield
-            continue
-        z = logits[:rows].astype(np.float64)
-        peak = z.max(axis=1, keepdims=True)
-        log_total = peak[:, 0] + np.log(np.exp(z - peak).sum(axis=1))
-        targets = np.asarray(ids[start + 1 : start + 1 + rows])
-        picked = z[np.arange(rows), targets] - log_total
-        best = None
-        if top_n > 0:
-            k = min(top_n, z.shape[1])
-            best = np.argpartition(-z, k - 1, axis=1)[:, :k]
-        for t in range(rows):
-            top: tuple[tuple[int, float], ...] = ()
-            if best is not None:
-                cand = sorted(best[t].tolist(), key=lambda j, zt=z[t]: (-zt[j], j))
-                top = tuple((int(j), float(z[t, j] - log_total[t])) for j in cand)
-            out.append((float(picked[t]), top))
+        for r0 in range(0, max(rows, 0), SCORE_ROWS):
+            r1 = min(rows, r0 + SCORE_ROWS)
+            out.extend(_scores(logits[r0:r1], ids[start + 1 + r0 : start + 1 + r1], top_n))
         yield
+    return out
+
+
+def _scores(logits, targets, top_n: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    z = logits.astype(np.float64)
+    peak = z.max(axis=1, keepdims=True)
+    log_total = peak[:, 0] + np.log(np.exp(z - peak).sum(axis=1))
+    picked = z[np.arange(len(z)), np.asarray(targets)] - log_total
+    best = None
+    if top_n > 0:
+        k = min(top_n, z.shape[1])
+        best = np.argpartition(-z, k - 1, axis=1)[:, :k]
+    out = []
+    for t in range(len(z)):
+        top: tuple[tuple[int, float], ...] = ()
+        if best is not None:
+            cand = sorted(best[t].tolist(), key=lambda j, zt=z[t]: (-zt[j], j))
+            top = tuple((int(j), float(z[t, j] - log_total[t])) for j in cand)
+        out.append((float(picked[t]), top))
     return out
