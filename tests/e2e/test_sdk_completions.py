@@ -17,6 +17,7 @@ from tests.engine.test_embedding import PARAPHRASES, UNRELATED
 
 MODEL = "smollm2-135m-instruct"
 KEY = "sk-completions-e2e"
+ADMIN_KEY = "sk-completions-e2e-admin"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ROUTES = ("/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
 QUESTION = "What is the capital of France?"
@@ -37,6 +38,7 @@ def server(tmp_path_factory, smollm2_path):
         tmp_path_factory.mktemp("pantheon-completions"),
         {MODEL: smollm2_path},
         PANTHEON_API_KEY=KEY,
+        PANTHEON_ADMIN_API_KEY=ADMIN_KEY,
     ) as srv:
         yield srv
 
@@ -249,3 +251,30 @@ def test_the_routes_take_the_inference_scope_the_large_body_limit_and_log_the_mo
     assert all(
         entry["model"] == MODEL and entry["key"] == "env:client" for entry in logged.values()
     )
+
+
+def in_flight(server) -> int:
+    rows = httpx.get(
+        server.url + "/admin/models", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    ).json()["data"]
+    return sum(row["in_flight"] for row in rows)
+
+
+def test_a_client_that_hangs_up_mid_stream_stops_its_generations(server):
+    """Two prompts, each asking for the whole window: the client reads a few chunks of
+    the first and leaves. Both engine streams are closed (the second never starts), so
+    nothing is left generating."""
+    body = {"prompt": ["Count: 1, 2, 3,", "Count: 4, 5,"], "max_tokens": 100_000, "stream": True}
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        texts = 0
+        while texts < 3:
+            texts += '"text"' in next(lines)
+        assert in_flight(server) == 1
+    deadline = time.monotonic() + 30  # generating the window would take minutes
+    while in_flight(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert in_flight(server) == 0
