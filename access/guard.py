@@ -23,7 +23,7 @@ In this order (pantheon_site.stack puts it inside the access log, outside the bo
 Only `http` scopes are checked; the rest (lifespan) pass through. The authenticated key's
 label (never the key) is put in scope["pantheon.key"] in place, for the access log, and
 its session namespace (namespace_of) in scope["pantheon.namespace"]: each key's sessions
-are its own (sessions/tenancy.py).
+are its own (pantheon_platform/tenancy.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ log = logging.getLogger("pantheon.http")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SCOPE_KEY = "pantheon.key"  # the authenticated key's label, for the access log
-NAMESPACE_KEY = "pantheon.namespace"  # whose sessions the request reaches (sessions/tenancy.py)
+NAMESPACE_KEY = "pantheon.namespace"  # whose sessions it reaches (pantheon_platform/tenancy.py)
 KEY_HOWTO = (
     "send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>' (PANTHEON_API_KEY, "
     "PANTHEON_ADMIN_API_KEY, or a key made in the console at /console/)"

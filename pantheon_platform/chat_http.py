@@ -24,10 +24,10 @@ from typing import TypeVar
 from django.conf import settings
 
 from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
+from pantheon_platform import tenancy
 from pantheon_platform.errors import ApiError
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
-from sessions import tenancy
 
 T = TypeVar("T")
 

@@ -50,6 +50,7 @@ OPEN_PATHS = frozenset({"/", "/health", "/openapi.json"})
 MIB = 1024 * 1024
 LARGE_BODY_BYTES = 64 * MIB
 MANAGEMENT_BODY_BYTES = 4 * MIB
+RESTORE_SLACK_BYTES = 1 << 20  # a restore body's JSON and blob header beyond the KV
 
 
 def canonical(path: str) -> str:
@@ -91,12 +92,28 @@ def is_management(path: str) -> bool:
 def body_limit(path: str) -> int:
     """The most body bytes a request to `path` may send (413 beyond, before parsing).
     /session/restore may go further when a served model's full-window blob needs it: the
-    same number its view reads up to (sessions.views.restore_body_limit)."""
+    same number its view reads up to (restore_body_limit)."""
     if path == RESTORE_PATH:
-        from sessions.views import restore_body_limit
-
         return max(LARGE_BODY_BYTES, restore_body_limit())
     return LARGE_BODY_BYTES if path in LARGE_BODY_PATHS else MANAGEMENT_BODY_BYTES
+
+
+def restore_body_limit() -> int:
+    """The most body bytes a restore takes: DATA_UPLOAD_MAX_MEMORY_SIZE (the large-body
+    route class's 64 MiB), or what a whole context window of the largest served model
+    needs when that is more: the blob is every KV byte of a conversation in base64
+    (SmolLM2: 60 KiB per token), so a session of a thousand tokens is already past 64 MiB.
+    The ASGI body limit (body_limit) answers 413 past the same number."""
+    from django.conf import settings
+
+    from pantheon_platform.runtime import get_runtime
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0
+    for svc in get_runtime().services().values():
+        # base64 of the KV, plus each token id twice (the blob's header and `tokens`)
+        per_token = svc.kv.bytes_per_token() * 4 // 3 + 40
+        limit = max(limit, svc.context_window_configured * per_token + RESTORE_SLACK_BYTES)
+    return limit
 
 
 def body_class(path: str) -> str:

@@ -30,7 +30,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from inference.engine.chat import InvalidTurn, Turn, run_turn
 from inference.engine.types import FinishEvent, GenerationFailed, SessionCapacity
-from pantheon_platform import shutdown
+from pantheon_platform import shutdown, tenancy
 from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
 from pantheon_platform.errors import (
     ApiError,
@@ -45,7 +45,6 @@ from pantheon_platform.strict_json import IDENTIFIER_MAX, parse_json_object
 from responses_api.models import StoredResponse
 from responses_api.render import ResponseBuilder, is_response_id, new_id, sse_event
 from responses_api.wire import ResponsesRequest, parse_request
-from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
 

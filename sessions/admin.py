@@ -18,9 +18,9 @@ from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import EngineError
 from pantheon_platform.runtime import get_runtime
 from sessions import records
+from sessions.export import export_body
 from sessions.models import SessionRecord
-from sessions.persistence import SUFFIX, file_stem, model_folder, sessions_root
-from sessions.views import export_body
+from sessions.spill_files import SUFFIX, file_stem, model_folder, sessions_root
 
 State = SessionRecord.State
 

@@ -4,7 +4,7 @@ A Channels consumer rather than a Django view: the response stays open until the
 goes, and the consumer must see that moment (`http.disconnect`) to drop the hold. While
 the watch is held the session is never reaped for idleness; once it closes, the session
 is dropped after the grace period (PN_SESSION_WATCH_GRACE_MS) unless watched again.
-A watch holds the caller's own session of the id (its key's namespace, sessions/tenancy.py),
+A watch holds the caller's own session of the id (its key's namespace, pantheon_platform/tenancy.py),
 and counts against that key's watch cap (PANTHEON_KEY_MAX_WATCHES).
 
 It bypasses Django's middleware, so it sets the CORS and `Connection: close` headers and
@@ -21,9 +21,9 @@ from urllib.parse import parse_qs
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
+from pantheon_platform import tenancy
 from pantheon_platform.errors import ApiError, api_error_from, invalid_request, method_not_allowed
 from pantheon_platform.runtime import get_runtime
-from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
 

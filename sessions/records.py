@@ -28,6 +28,7 @@ from django.db import connections, transaction
 from inference.engine.serving.sessions import SessionKey
 from pantheon_platform.runtime import get_runtime
 from sessions.models import SessionRecord
+from sessions.spill_files import file_stem
 
 log = logging.getLogger("pantheon.sessions")
 
@@ -187,8 +188,6 @@ def mark_rejected(
     with the reason. `by_id` {session key: why} comes from files whose header was
     readable, `by_stem` {file stem: why} from the others (a row matches by the hashed key
     its files are named after). Keys in `keep` had another conversation restored: live."""
-    from sessions.persistence import file_stem
-
     with _sync_lock:
         try:
             with transaction.atomic():

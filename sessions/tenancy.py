@@ -1,10 +1,6 @@
-"""Whose sessions a request reaches: the namespace of the caller's API key.
-
-The access guard (access/guard.py) puts the authenticated key's namespace in the ASGI
-scope ("key:<console key id>", "env:client", "env:admin"; "open" when the request needed
-no key). Every session route and the chat route's session id go through `session_key`,
-the one place a client's session id becomes an engine SessionKey: the same id sent with
-two keys is two sessions, and no request reaches another key's.
+"""How many keys could hold sessions, for the per-key session caps. (Whose sessions a
+request reaches, the caller's namespace and `session_key`, is the platform's:
+pantheon_platform/tenancy.py.)
 
 Per-key caps (PANTHEON_KEY_MAX_SESSIONS, PANTHEON_KEY_MAX_WATCHES) left at 0 keep one key
 to half a model's session slots and watches only while more than one key could hold
@@ -23,34 +19,9 @@ import logging
 import threading
 import time
 
-from inference.engine.serving.sessions import OPEN, SessionKey
-
 log = logging.getLogger("pantheon.sessions")
 
 CACHE_TTL_S = 5.0  # another process may add or revoke a console key
-
-SCOPE_NAMESPACE = "pantheon.namespace"  # access.guard.NAMESPACE_KEY
-
-
-def namespace(request_or_scope) -> str:
-    """The caller's namespace from a Django request (its ASGI scope) or a scope dict.
-    Without one (no guard in front: a test client, WSGI) a request is in the open
-    namespace, as on a server with no key."""
-    scope = request_or_scope if isinstance(request_or_scope, dict) else None
-    if scope is None:
-        scope = getattr(request_or_scope, "scope", None)
-    if not isinstance(scope, dict):
-        return OPEN
-    value = scope.get(SCOPE_NAMESPACE)
-    return value if isinstance(value, str) and value else OPEN
-
-
-def session_key(request_or_scope, session_id: str | None) -> SessionKey | None:
-    """The caller's session `session_id` (None stays None)."""
-    if session_id is None:
-        return None
-    return SessionKey(session_id, namespace(request_or_scope))
-
 
 # --- how many keys could hold sessions ----------------------------------------------------
 

@@ -6,7 +6,7 @@ conversation and a restore decodes and checks them (hundreds of MB for a long se
 under ASGI Django runs each sync request in its own thread, off the event loop that
 streams completions. Validate, call the model's service, render.
 
-Each key's sessions are its own (sessions/tenancy.py): restore, release and watch reach
+Each key's sessions are its own (pantheon_platform/tenancy.py): restore, release and watch reach
 only the caller's namespace. An export (an operator route: the session_export scope)
 may take any key's session, and says whose.
 """
@@ -20,13 +20,13 @@ import math
 import re
 from collections.abc import Callable
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.engine.serving.service import FALLBACK_PREFILL_TOK_PER_S
 from inference.engine.serving.sessions import SessionKey
 from inference.engine.types import BadSessionBlob
+from pantheon_platform import tenancy
 from pantheon_platform.errors import (
     ApiError,
     api_error_from,
@@ -35,9 +35,10 @@ from pantheon_platform.errors import (
     method_not_allowed,
 )
 from pantheon_platform.request_log import note
+from pantheon_platform.routes import restore_body_limit
 from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded, get_runtime
 from pantheon_platform.strict_json import parse_json_object
-from sessions import tenancy
+from sessions.export import export_body
 
 log = logging.getLogger("pantheon.http")
 
@@ -45,7 +46,6 @@ SESSION_ID_MAX = 256  # as the chat route's session_id / prompt_cache_key
 TOKEN_ID_LIMIT = 1 << 31  # token ids are 0 <= t < 2**31 (the blob format's bound)
 ESTIMATE_BYTES_PER_TOKEN = 16 * 1024  # the contract's blob estimate for an unknown model
 ESTIMATE_UPLOAD_BPS = 12.5e6  # the contract's assumed upload rate, bytes/s
-RESTORE_SLACK_BYTES = 1 << 20  # a restore body's JSON and blob header beyond the KV
 ESTIMATE_MAX = (1 << 63) - 1  # bound on `tokens` and `blob_bytes` (keeps the floats finite)
 
 
@@ -147,20 +147,6 @@ def _export_key(request: HttpRequest, svc, sid: str, owner: str | None):
     return holders[0] if holders else own  # none: SessionNotFound, 404
 
 
-def export_body(exported) -> dict:
-    """The body of POST /admin/session/export for an ExportedSession (the console's export
-    action downloads the same)."""
-    return {
-        "session_id": exported.session_id,
-        "namespace": exported.namespace,
-        "weights_version": exported.weights_version,
-        "n_tok": exported.n_tok,
-        "blob_bytes": len(exported.blob),
-        "blob_b64": base64.b64encode(exported.blob).decode("ascii"),
-        "tokens": list(exported.tokens),
-    }
-
-
 @_route("POST")
 def restore_session(request: HttpRequest) -> HttpResponse:
     """POST /session/restore {"name"?, "session_id", "blob" (base64), "tokens"}: install an
@@ -194,20 +180,6 @@ def restore_session(request: HttpRequest) -> HttpResponse:
     # Into the caller's own namespace, whatever namespace the blob records.
     n_tok = svc.restore_session(tenancy.session_key(request, sid), blob, tokens)
     return json_response({"restored": True, "session_id": sid, "n_tok": n_tok})
-
-
-def restore_body_limit() -> int:
-    """The most body bytes a restore takes: DATA_UPLOAD_MAX_MEMORY_SIZE (the large-body
-    route class's 64 MiB), or what a whole context window of the largest served model
-    needs when that is more: the blob is every KV byte of a conversation in base64
-    (SmolLM2: 60 KiB per token), so a session of a thousand tokens is already past 64 MiB.
-    The ASGI body limit (pantheon_site/routes.body_limit) answers 413 past the same number."""
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 0
-    for svc in get_runtime().services().values():
-        # base64 of the KV, plus each token id twice (the blob's header and `tokens`)
-        per_token = svc.kv.bytes_per_token() * 4 // 3 + 40
-        limit = max(limit, svc.context_window_configured * per_token + RESTORE_SLACK_BYTES)
-    return limit
 
 
 def _restore_body(request: HttpRequest) -> bytes:

@@ -29,7 +29,7 @@ from inference.anthropic.render import (
 )
 from inference.engine.chat import prepare_turn
 from inference.engine.types import FinishEvent, GenerationFailed, TokenEvent
-from pantheon_platform import shutdown
+from pantheon_platform import shutdown, tenancy
 from pantheon_platform.chat_http import (
     StartedTurn,
     chat_options,
@@ -42,7 +42,6 @@ from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.sse import EventStreamResponse
 from pantheon_platform.strict_json import parse_json_object
-from sessions import tenancy
 
 log = logging.getLogger("pantheon.http")
 

@@ -106,7 +106,7 @@ async def test_an_absurd_content_length_is_413_not_a_crash(limits_app):
 
 
 async def test_restore_takes_a_full_window_blob_past_64_mib(limits_app, served, smollm2_service):
-    from sessions.views import restore_body_limit
+    from pantheon_platform.routes import restore_body_limit
 
     # SmolLM2: ~80 KB of base64 per token, 8192 tokens: far more than 64 MiB.
     need = restore_body_limit()
