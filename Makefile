@@ -64,8 +64,10 @@ serve: migrate cpu-kernels
 operator: migrate
 	$(BIN)/python manage.py createsuperuser
 
-# Strict: a missing model or reference fails the run instead of skipping tests.
+# The import contracts first (pyproject.toml [tool.importlinter]: the layers), then the
+# tests. Strict: a missing model or reference fails the run instead of skipping tests.
 test: $(STAMP) cpu-kernels
+	$(BIN)/lint-imports
 	PANTHEON_TESTS_STRICT=1 $(BIN)/python -m pytest -q
 
 bench: $(STAMP) cpu-kernels
