@@ -3,8 +3,8 @@ each prompt is a `Turn` with a raw prompt (no chat template, BOS where the GGUF 
 one), its events rendered as `text_completion` JSON or its SSE chunks.
 
 A list of prompts runs each as its own request (choices indexed prompt by prompt: prompt
-i's choice j is index i * n + j); non-streamed they run side by side on the model's
-slots, streamed one after the other. `echo` prepends the prompt; with `logprobs` the
+i's choice j is index i * n + j), side by side on the model's slots (streamed, their
+chunks interleave). `echo` prepends the prompt; with `logprobs` the
 prompt's tokens are scored too (one extra prefill pass on the engine thread, no KV
 kept). `max_tokens: 0` generates nothing (with `echo` and `logprobs`: a prompt's
 log-likelihood, as evaluation harnesses ask for it).
@@ -469,31 +469,58 @@ async def stream_response(
 async def sse_events(
     runs: list[PromptRun], first, completion: Completion, include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
-    """Each prompt in turn: each choice's echo chunk (with echo), its text chunks, its
-    closing chunk; a prompt's n choices interleave, told apart by `index`."""
-    prompt_tokens = completion_tokens = 0
-    try:
-        for run in runs:
-            events = run.started.events
-            prompt_tokens += run.prompt_tokens
-            offsets: dict[int, Logprobs] = {}
-            for j in range(completion.n):
-                lp = run.logprobs_for_choice() if completion.logprobs is not None else None
+    """Each choice's echo chunk (with echo), its text chunks, its closing chunk. The
+    prompts run side by side on the model's slots and their choices' chunks interleave,
+    told apart by `index`."""
+    prompt_tokens = sum(run.prompt_tokens for run in runs)
+    completion_tokens = 0
+    offsets: dict[tuple[int, int], Logprobs] = {}  # (prompt, choice) -> its logprobs so far
+    for run in runs:
+        for j in range(completion.n):
+            lp = run.logprobs_for_choice() if completion.logprobs is not None else None
+            if lp is not None:
+                offsets[run.index, j] = lp
+            if run.echo_text or (lp is not None and lp.tokens):
+                body = None
                 if lp is not None:
-                    offsets[j] = lp
-                if run.echo_text or (lp is not None and lp.tokens):
-                    body = None
-                    if lp is not None:
-                        lp.offset = len(run.echo_text)
-                        body = lp.take()
-                    yield completion.chunk(run.index * completion.n + j, run.echo_text, body, None)
-            if completion.max_tokens == 0:
-                await events.aclose()
-                for j in range(completion.n):
-                    yield completion.chunk(run.index * completion.n + j, "", None, "length")
-                continue
-            event = first if run is runs[0] else await anext(events, None)
-            while event is not None:
+                    lp.offset = len(run.echo_text)
+                    body = lp.take()
+                yield completion.chunk(run.index * completion.n + j, run.echo_text, body, None)
+    if completion.max_tokens == 0:
+        for run in runs:
+            await run.started.events.aclose()
+            for j in range(completion.n):
+                yield completion.chunk(run.index * completion.n + j, "", None, "length")
+    else:
+        merged: asyncio.Queue = asyncio.Queue()
+        slots = asyncio.Semaphore(max(1, runs[0].started.svc.max_concurrent))
+
+        async def pump(run: PromptRun, head) -> None:
+            """One prompt's events into `merged`, then None (or the error that ended it)."""
+            end = None
+            try:
+                async with slots:
+                    if head is not None:
+                        await merged.put((run, head))
+                    async for event in run.started.events:
+                        await merged.put((run, event))
+            except Exception as exc:
+                end = exc
+            finally:
+                merged.put_nowait((run, end))
+
+        pumps = [
+            asyncio.ensure_future(pump(run, first if run is runs[0] else None)) for run in runs
+        ]
+        try:
+            running = len(runs)
+            while running:
+                run, event = await merged.get()
+                if event is None:
+                    running -= 1
+                    continue
+                if isinstance(event, Exception):
+                    raise event
                 index = run.index * completion.n + event.index
                 if isinstance(event, FinishEvent):
                     completion_tokens += event.usage.completion_tokens
@@ -501,23 +528,27 @@ async def sse_events(
                 elif isinstance(event, TokenEvent):
                     body = None
                     if completion.logprobs is not None and event.logprobs:
-                        lp = offsets[event.index]
+                        lp = offsets[run.index, event.index]
                         lp.add_generated(event.logprobs)
                         body = lp.take()
                     if event.text or body is not None:
                         yield completion.chunk(index, event.text, body, None)
-                event = await anext(events, None)
-            await events.aclose()
-    except Exception as exc:
-        # The status line is gone: the error is the stream's last event.
-        error = api_error_from(exc, stream=True)
-        if error.status == 500:
-            log.error("completion %s failed after the stream opened", completion.id, exc_info=exc)
-        yield sse_data(error.body())
-        return
-    finally:
-        for run in runs:  # client gone or done: every engine stream is closed
-            await run.started.events.aclose()
+        except Exception as exc:
+            # The status line is gone: the error is the stream's last event.
+            error = api_error_from(exc, stream=True)
+            if error.status == 500:
+                log.error(
+                    "completion %s failed after the stream opened", completion.id, exc_info=exc
+                )
+            yield sse_data(error.body())
+            return
+        finally:
+            # Client gone, failed or done: no pump left, every engine stream closed.
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for run in runs:
+                await run.started.events.aclose()
     if include_usage:
         yield sse_data(
             {
