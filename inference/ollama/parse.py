@@ -62,7 +62,7 @@ class OllamaRequest:
     num_ctx: int | None  # checked against the served window once the model is known
     logprobs: bool
     session_id: str | None  # X-Session-Id, before it is put in its key's namespace
-    keep_alive: object = None  # validated and accepted; see README "Ollama API"
+    keep_alive: object = None  # the session's idle TTL (keep_alive_seconds); README "Ollama API"
     raw_prompt: str | None = None  # /api/generate with raw: the prompt as is, no template
 
     def turn(self, request_id: str) -> Turn:
@@ -160,10 +160,33 @@ def ollama_name(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else name + LATEST
 
 
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?")
+
+
+def keep_alive_seconds(value: object) -> float | None:
+    """A validated keep_alive in seconds: a number is seconds, a string a Go duration
+    (a bare number in a string is seconds too, as Ollama reads "-1"); negative: forever
+    (math.inf). None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        total = sum(
+            float(number) * _DURATION_UNITS[unit or "s"]
+            for number, unit in _DURATION_PART.findall(text.lstrip("+-"))
+        )
+        seconds = sign * total
+    else:
+        seconds = float(value)
+    return math.inf if seconds < 0 else seconds
+
+
 def keep_alive(data: dict) -> object:
     """`keep_alive`: a number of seconds or a Go duration string ("5m", "-1", "0").
-    Validated, then accepted: models stay loaded as the operator loaded them, and a
-    session's cache follows the server's idle policy (README, "Ollama API")."""
+    Models stay loaded as the operator loaded them; with a session (X-Session-Id) it is
+    that conversation's idle TTL in the session cache (README, "Ollama API")."""
     value = data.get("keep_alive")
     if value is None:
         return None

@@ -143,14 +143,23 @@ async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
         )
         clock.mark_ready()
         answer = Answer(parsed.model, chat, parsed.logprobs, clock)
+        ttl = parse.keep_alive_seconds(parsed.keep_alive)
         if parsed.stream:
-            return await _stream(started, answer)
-        return await _complete(started, answer)
+            return await _stream(started, answer, ttl)
+        return await _complete(started, answer, ttl)
     except Exception as exc:
         return _refusal(exc)
 
 
-async def _complete(started: StartedTurn, answer: Answer) -> HttpResponse:
+def _keep_alive(started: StartedTurn, ttl: float | None) -> None:
+    """keep_alive as the conversation's idle TTL in the session cache, once its turn is
+    over (the engine stream closed: the turn has parked its KV); no session, no effect."""
+    session_id = started.prepared.request.session_id
+    if ttl is not None and session_id is not None and started.svc.sessions.enabled:
+        started.svc.sessions.set_idle_ttl(session_id, ttl)
+
+
+async def _complete(started: StartedTurn, answer: Answer, ttl: float | None) -> HttpResponse:
     finish: FinishEvent | None = None
     # aclosing: if this view is cancelled (client gone), the generation stops.
     async with aclosing(started.events) as events:
@@ -161,10 +170,11 @@ async def _complete(started: StartedTurn, answer: Answer) -> HttpResponse:
                 answer.push(event)
     if finish is None:
         raise GenerationFailed("the engine stream ended without a finish event")
+    _keep_alive(started, ttl)
     return json_response(answer.joined(finish))
 
 
-async def _stream(started: StartedTurn, answer: Answer) -> HttpResponse:
+async def _stream(started: StartedTurn, answer: Answer, ttl: float | None) -> HttpResponse:
     # Wait for the first event before answering: refusals the engine knows up front
     # (context, busy, memory) still get their status line and Ollama's error body.
     events = started.events
@@ -175,10 +185,12 @@ async def _stream(started: StartedTurn, answer: Answer) -> HttpResponse:
         raise
     if first is None:
         raise GenerationFailed("the engine stream ended without a finish event")
-    return NdjsonResponse(_lines(started, answer, first))
+    return NdjsonResponse(_lines(started, answer, first, ttl))
 
 
-async def _lines(started: StartedTurn, answer: Answer, first: TokenEvent | FinishEvent):
+async def _lines(
+    started: StartedTurn, answer: Answer, first: TokenEvent | FinishEvent, ttl: float | None
+):
     events = started.events
     finish: FinishEvent | None = None
     try:
@@ -206,6 +218,7 @@ async def _lines(started: StartedTurn, answer: Answer, first: TokenEvent | Finis
             render.ollama_error(GenerationFailed("the engine stream ended without a finish"))
         )
         return
+    _keep_alive(started, ttl)
     for chunk in answer.finish(finish):
         yield render.line(chunk)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import jsonschema
 import pytest
@@ -235,6 +236,37 @@ async def test_keep_alive_is_accepted(served, post):
         response = await post("/api/chat", chat_body(keep_alive=value))
         assert response.status_code == 200, (value, response.content)
     error_of(await post("/api/chat", chat_body(keep_alive="soon")), 400)
+
+
+def test_keep_alive_reads_as_seconds():
+    from inference.ollama.parse import keep_alive_seconds
+
+    cases = {"5m": 300.0, "1h30m": 5400.0, "300ms": 0.3, "0": 0.0, 0: 0.0, 2.5: 2.5, "90": 90.0}
+    for value, seconds in cases.items():
+        assert keep_alive_seconds(value) == pytest.approx(seconds), value
+    for forever in ("-1", -1, "-1m", -0.5):
+        assert keep_alive_seconds(forever) == math.inf
+    assert keep_alive_seconds(None) is None
+
+
+async def test_keep_alive_is_the_sessions_idle_ttl(served, post, smollm2_service):
+    sessions = smollm2_service.sessions
+
+    def ttl():
+        (held,) = [s for key, s in sessions._sessions.items() if key.id == "ollama-ttl"]
+        return held.idle_ttl_s
+
+    header = {"X-Session-Id": "ollama-ttl"}
+    await post("/api/chat", chat_body(keep_alive="5m"), **header)
+    assert ttl() == 300.0
+    await ndjson(await post("/api/chat", chat_body(keep_alive=-1, stream=True), **header))
+    assert ttl() == math.inf  # streamed too; negative: kept until released
+    sessions.reap()
+    assert "ollama-ttl" in {info.session_id.id for info in smollm2_service.session_info()}
+    await post("/api/chat", chat_body(keep_alive=0), **header)
+    assert ttl() == 0.0
+    sessions.reap()  # 0: dropped as soon as its turn is over
+    assert "ollama-ttl" not in {info.session_id.id for info in smollm2_service.session_info()}
 
 
 async def test_hanging_up_mid_stream_stops_the_generation(asgi_app, served, closed_streams):  # noqa: F811

@@ -148,6 +148,7 @@ class _Session:
     last_used: float
     conversations: list[Conversation] = field(default_factory=list)  # least recent first
     in_flight: int = 0
+    idle_ttl_s: float | None = None  # this id's own idle TTL (Ollama keep_alive); None: the table's
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -301,6 +302,17 @@ class SessionTable:
             self._changed(key)
         return released
 
+    def set_idle_ttl(self, session_id: str, seconds: float | None) -> bool:
+        """Give one id its own idle TTL (an Ollama client's keep_alive): 0 drops it at the
+        next reap once its turn is over, math.inf keeps it until released; None: back to
+        the table's. False when the id holds nothing."""
+        with self._lock:
+            session = self._sessions.get(SessionKey.of(session_id))
+            if session is None:
+                return False
+            session.idle_ttl_s = None if seconds is None else max(0.0, float(seconds))
+            return True
+
     def would_admit(self, session_id: str) -> bool:
         key = SessionKey.of(session_id)
         with self._lock:
@@ -370,7 +382,8 @@ class SessionTable:
             for key, session in list(self._sessions.items()):
                 if session.in_flight or self._watches.get(key) or key in self._grace:
                     continue  # a watch's grace, not the idle TTL, decides for those
-                if now - session.last_used >= self.idle_ttl_s:
+                ttl = self.idle_ttl_s if session.idle_ttl_s is None else session.idle_ttl_s
+                if now - session.last_used >= ttl:
                     del self._sessions[key]
                     dropped.append(key)
         for key in dropped:
