@@ -5,6 +5,7 @@ Built from the platform's strict fields (pantheon_platform/strict_json.py).
 
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework import serializers
 
 from inference.engine.types import (
@@ -18,6 +19,7 @@ from inference.engine.types import (
     SamplingParams,
 )
 from pantheon_platform.errors import invalid_request
+from pantheon_platform.openapi import ref
 from pantheon_platform.strict_json import (
     IDENTIFIER_MAX,
     REPETITION_PENALTY_MAX,
@@ -32,10 +34,16 @@ from pantheon_platform.strict_json import (
     invalid_errors,
     parse_json_object,
 )
+from pantheon_platform.tenancy import SESSION_ID_MAX
 
 # Moved to pantheon_platform.strict_json; shim for in-flight code, removed when nothing
 # imports it (the names above stay: this module uses them).
 from pantheon_platform.strict_json import INT64_BOUND, MAX_LOGIT_BIAS, MAX_STOP_STRINGS  # noqa: E402, F401, I001  # isort: skip
+
+# What the sampling fields are clamped to (not refused): the contract's ranges.
+PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty, frequency_penalty
+MIN_P_RANGE = (0.0, 1.0)
+TOP_LOGPROBS_MAX = 20
 
 # The roles a chat message may have. A missing (or null) role is `user` (the contract);
 # OpenAI's `developer` is the system prompt of its newer models: read as `system`.
@@ -63,6 +71,14 @@ class MessagesField(BoundedListField):
 
     def __init__(self, **kwargs):
         super().__init__(child=serializers.DictField(), allow_empty=False, **kwargs)
+
+    def openapi_schema(self) -> dict:
+        return {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": getattr(settings, self.setting),
+            "items": ref("ChatMessage"),
+        }
 
     def to_internal_value(self, data):
         messages = super().to_internal_value(data)
@@ -116,7 +132,11 @@ class ChatCompletionRequest(serializers.Serializer):
     """POST /v1/chat/completions. Fields the engine does not implement yet are ignored."""
 
     model = StrictCharField(
-        required=False, allow_null=True, allow_blank=True, max_length=IDENTIFIER_MAX
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=IDENTIFIER_MAX,
+        help_text="Served name or alias; with one model loaded any value (or none) routes to it.",
     )
     # Roles and content parts are checked here (MessagesField); the rest of message
     # normalisation (missing role, non-string content) belongs to the chat template layer.
@@ -126,42 +146,113 @@ class ChatCompletionRequest(serializers.Serializer):
         allow_null=True,
         min_value=TEMPERATURE_RANGE[0],
         max_value=TEMPERATURE_RANGE[1],
+        help_text=f"Default {DEFAULT_TEMPERATURE}; <= 0 is greedy.",
     )
-    top_p = StrictFloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
-    top_k = StrictIntegerField(  # <= 0 disables it
-        required=False, allow_null=True, min_value=-(1 << 31), max_value=(1 << 31) - 1
+    top_p = StrictFloatField(
+        required=False,
+        allow_null=True,
+        min_value=0.0,
+        max_value=1.0,
+        help_text=f"Default {DEFAULT_TOP_P}.",
     )
-    max_tokens = StrictIntegerField(required=False, allow_null=True)
+    top_k = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        min_value=-(1 << 31),
+        max_value=(1 << 31) - 1,
+        help_text=f"Default {DEFAULT_TOP_K}; <= 0 disables it.",
+    )
+    max_tokens = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        help_text=f"Default {DEFAULT_MAX_TOKENS}; 0 or negative means "
+        f"{NONPOSITIVE_MAX_TOKENS}; clamped to {MAX_TOKENS_CLAMP}. Wins over "
+        "max_completion_tokens.",
+    )
     max_completion_tokens = StrictIntegerField(required=False, allow_null=True)
-    stop = StopField(required=False, allow_null=True)
-    seed = StrictIntegerField(required=False, allow_null=True)
-    n = StrictIntegerField(required=False, allow_null=True, min_value=1)
-    stream = StrictBooleanField(required=False, allow_null=True)
-    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
-    presence_penalty = StrictFloatField(required=False, allow_null=True)
-    frequency_penalty = StrictFloatField(required=False, allow_null=True)
-    repetition_penalty = StrictFloatField(
-        required=False, allow_null=True, max_value=REPETITION_PENALTY_MAX
+    stop = StopField(required=False, allow_null=True, help_text="Stop strings.")
+    seed = StrictIntegerField(
+        required=False, allow_null=True, help_text="With n > 1, choice i samples with seed + i."
     )
-    min_p = StrictFloatField(required=False, allow_null=True)
-    logit_bias = LogitBiasField(required=False, allow_null=True)
+    n = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        help_text=f"Choices; more than {MAX_CHOICES} returns {MAX_CHOICES} with n_status "
+        "capped_to_8.",
+    )
+    stream = StrictBooleanField(
+        required=False, allow_null=True, help_text="true: an SSE stream (text/event-stream)."
+    )
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    presence_penalty = StrictFloatField(
+        required=False, allow_null=True, help_text="Clamped to [{:g}, {:g}].".format(*PENALTY_RANGE)
+    )
+    frequency_penalty = StrictFloatField(
+        required=False, allow_null=True, help_text="Clamped to [{:g}, {:g}].".format(*PENALTY_RANGE)
+    )
+    repetition_penalty = StrictFloatField(
+        required=False,
+        allow_null=True,
+        exclusive_min=0.0,
+        max_value=REPETITION_PENALTY_MAX,
+        error_messages={"not_greater": "must be greater than 0 (1 disables it)"},
+        help_text="1 disables it.",
+    )
+    min_p = StrictFloatField(
+        required=False, allow_null=True, help_text="Clamped to [{:g}, {:g}].".format(*MIN_P_RANGE)
+    )
+    logit_bias = LogitBiasField(
+        required=False,
+        allow_null=True,
+        help_text='{"<token id>": bias}; bias clamped to [-100, 100]; non-numeric keys or '
+        "values are skipped.",
+    )
     logprobs = StrictBooleanField(required=False, allow_null=True)
-    top_logprobs = StrictIntegerField(required=False, allow_null=True)
-    response_format = serializers.DictField(required=False, allow_null=True)
+    top_logprobs = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        help_text=f"Clamped to [0, {TOP_LOGPROBS_MAX}]; > 0 implies logprobs.",
+    )
+    response_format = serializers.DictField(
+        required=False,
+        allow_null=True,
+        help_text='{"type": "text" | "json_object" | "json_schema", "json_schema": '
+        '{"schema": ...}}.',
+    )
     enable_thinking = StrictBooleanField(required=False, allow_null=True)
-    reasoning_budget = StrictIntegerField(required=False, allow_null=True)
+    reasoning_budget = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        help_text="0 or negative: unbounded. Alias max_reasoning_tokens.",
+    )
     max_reasoning_tokens = StrictIntegerField(required=False, allow_null=True)
     # OpenAI tools; their entries and tool_choice are checked in views._tools (the
     # dialect's parse_tools), which also decides the grammar.
     tools = BoundedListField(
-        child=serializers.DictField(), required=False, allow_null=True, setting="PANTHEON_MAX_TOOLS"
+        child=serializers.DictField(),
+        required=False,
+        allow_null=True,
+        setting="PANTHEON_MAX_TOOLS",
+        help_text='OpenAI tool definitions ({"type": "function", "function": {"name", '
+        '"parameters"}}).',
     )
-    tool_choice = serializers.JSONField(required=False, allow_null=True)
+    tool_choice = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text='"auto" (default), "none", "required", or {"type": "function", '
+        '"function": {"name": ...}}.',
+    )
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
-    session_id = StrictCharField(required=False, allow_null=True, max_length=IDENTIFIER_MAX)
-    prompt_cache_key = StrictCharField(required=False, allow_null=True, max_length=IDENTIFIER_MAX)
+    session_id = StrictCharField(
+        required=False,
+        allow_null=True,
+        max_length=SESSION_ID_MAX,
+        help_text="Prefix-cache session key.",
+    )
+    prompt_cache_key = StrictCharField(required=False, allow_null=True, max_length=SESSION_ID_MAX)
     promptCacheKey = StrictCharField(  # noqa: N815
-        required=False, allow_null=True, max_length=IDENTIFIER_MAX
+        required=False, allow_null=True, max_length=SESSION_ID_MAX
     )
 
     def session_key(self, header: str | None) -> str | None:
@@ -191,10 +282,10 @@ class ChatCompletionRequest(serializers.Serializer):
             ),
             stop=data.get("stop") or (),
             seed=data.get("seed"),
-            presence_penalty=_clamp(_given(data, "presence_penalty", 0.0), -2.0, 2.0),
-            frequency_penalty=_clamp(_given(data, "frequency_penalty", 0.0), -2.0, 2.0),
+            presence_penalty=_clamp(_given(data, "presence_penalty", 0.0), *PENALTY_RANGE),
+            frequency_penalty=_clamp(_given(data, "frequency_penalty", 0.0), *PENALTY_RANGE),
             repetition_penalty=_given(data, "repetition_penalty", 1.0),
-            min_p=_clamp(_given(data, "min_p", 0.0), 0.0, 1.0),
+            min_p=_clamp(_given(data, "min_p", 0.0), *MIN_P_RANGE),
             logit_bias=data.get("logit_bias") or (),
             logprobs=bool(data.get("logprobs")) or self.top_logprobs_clamped > 0,
             top_logprobs=self.top_logprobs_clamped,
@@ -210,15 +301,10 @@ class ChatCompletionRequest(serializers.Serializer):
             )
         return attrs
 
-    def validate_repetition_penalty(self, value):
-        if value is not None and value <= 0:
-            raise serializers.ValidationError("must be greater than 0 (1 disables it)")
-        return value
-
     @property
     def top_logprobs_clamped(self) -> int:
         """`top_logprobs` clamped to [0, 20] (the contract); it implies `logprobs`."""
-        return int(_clamp(_given(self.validated_data, "top_logprobs", 0), 0, 20))
+        return int(_clamp(_given(self.validated_data, "top_logprobs", 0), 0, TOP_LOGPROBS_MAX))
 
     @property
     def wants_logprobs(self) -> bool:

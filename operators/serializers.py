@@ -46,8 +46,16 @@ class NameField(StrictCharField):
 class LoadRequest(serializers.Serializer):
     """POST /admin/models/load."""
 
-    path = StrictCharField(max_length=4096)
-    name = NameField(required=False, allow_null=True, allow_blank=True)
+    path = StrictCharField(
+        max_length=4096,
+        help_text="A GGUF file inside PANTHEON_MODEL_DIRS (a relative path is looked up in them).",
+    )
+    name = NameField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        help_text="Served name; default: the file name.",
+    )
     dies = serializers.ListField(
         child=StrictIntegerField(min_value=0, max_value=1 << 16),  # die indices
         required=False,
@@ -56,20 +64,26 @@ class LoadRequest(serializers.Serializer):
         error_messages={"max_length": f"too many dies: at most {MAX_DIES}"},
     )
     quantize = StrictBooleanField(required=False, allow_null=True)
-    # How /v1/embeddings pools hidden states (null or absent: the architecture's default).
-    pooling = serializers.ChoiceField(POOLINGS, required=False, allow_null=True)
+    pooling = serializers.ChoiceField(
+        POOLINGS,
+        required=False,
+        allow_null=True,
+        help_text="How /v1/embeddings pools hidden states; default: the architecture's "
+        "(mean; last for gemma3).",
+    )
     ctx_cap = _option(1 << 24)
     max_sessions = _option(1024)
     max_concurrent = _option(1024)
     reasoning_budget = _option(1 << 24)
     pinned = StrictBooleanField(required=False, allow_null=True)
-    # A template's text, or a file inside the model folders (llama.cpp's --chat-template-file)
+    # llama.cpp's --chat-template-file, or the text itself
     chat_template = StrictCharField(
         required=False,
         allow_null=True,
         allow_blank=True,
         trim_whitespace=False,
         max_length=MAX_CHAT_TEMPLATE_BYTES,
+        help_text="A template's text, or a file inside the model folders.",
     )
 
 
@@ -108,7 +122,7 @@ class AliasRequest(serializers.Serializer):
 
     alias = NameField()
     target = NameField(required=False)
-    model = NameField(required=False)
+    model = NameField(required=False, help_text="Accepted for target.")
 
     def validate(self, attrs):
         attrs["target"] = attrs.get("target") or attrs.get("model")

@@ -39,7 +39,15 @@ class StrictFloatField(serializers.FloatField):
     """A finite JSON number (1e400 parses as infinity: refused). min_value/max_value give
     the field's range (DRF's validators, a 400 naming the bound)."""
 
-    default_error_messages = {"out_of_range": "Must be a finite number (|value| < 2**64)."}
+    default_error_messages = {
+        "out_of_range": "Must be a finite number (|value| < 2**64).",
+        "not_greater": "Must be greater than {exclusive_min}.",
+    }
+
+    def __init__(self, *, exclusive_min: float | None = None, **kwargs):
+        """exclusive_min: the value must be greater (min_value allows it equal)."""
+        self.exclusive_min = exclusive_min
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if isinstance(data, bool) or not isinstance(data, int | float):
@@ -48,6 +56,8 @@ class StrictFloatField(serializers.FloatField):
             self.fail("out_of_range")  # float(10**400) would raise OverflowError
         if not math.isfinite(data):
             self.fail("invalid")
+        if self.exclusive_min is not None and data <= self.exclusive_min:
+            self.fail("not_greater", exclusive_min=self.exclusive_min)
         return float(data)
 
 
@@ -97,6 +107,10 @@ class StopField(serializers.Field):
     def to_representation(self, value):
         return list(value)
 
+    def openapi_schema(self) -> dict:
+        text = {"type": "string", "maxLength": IDENTIFIER_MAX}
+        return {"anyOf": [text, {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": text}]}
+
 
 class LogitBiasField(serializers.Field):
     """`logit_bias`: {"<token id>": bias}. The contract: bias clamped to [-100, 100];
@@ -129,6 +143,9 @@ class LogitBiasField(serializers.Field):
 
     def to_representation(self, value):
         return {str(k): v for k, v in value}
+
+    def openapi_schema(self) -> dict:
+        return {"type": "object", "maxProperties": MAX_LOGIT_BIAS, "additionalProperties": True}
 
 
 _TOKEN_ID = re.compile(r"\s*([0-9]{1,10})\s*")

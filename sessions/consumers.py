@@ -24,11 +24,11 @@ from channels.generic.http import AsyncHttpConsumer
 from pantheon_platform import tenancy
 from pantheon_platform.errors import ApiError, api_error_from, invalid_request, method_not_allowed
 from pantheon_platform.runtime import get_runtime
+from pantheon_platform.tenancy import SESSION_ID_MAX
 
 log = logging.getLogger("pantheon.http")
 
 KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing an idle stream
-SESSION_ID_MAX = 256  # as the other session routes
 ESTABLISHED = b": watch established\n\n"
 KEEPALIVE = b": keepalive\n\n"
 _COMMON_HEADERS = [(b"access-control-allow-origin", b"*"), (b"connection", b"close")]

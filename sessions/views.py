@@ -38,11 +38,11 @@ from pantheon_platform.request_log import note
 from pantheon_platform.routes import restore_body_limit
 from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded, get_runtime
 from pantheon_platform.strict_json import parse_json_object
+from pantheon_platform.tenancy import SESSION_ID_MAX
 from sessions.export import export_body
 
 log = logging.getLogger("pantheon.http")
 
-SESSION_ID_MAX = 256  # as the chat route's session_id / prompt_cache_key
 TOKEN_ID_LIMIT = 1 << 31  # token ids are 0 <= t < 2**31 (the blob format's bound)
 ESTIMATE_BYTES_PER_TOKEN = 16 * 1024  # the contract's blob estimate for an unknown model
 ESTIMATE_UPLOAD_BPS = 12.5e6  # the contract's assumed upload rate, bytes/s

@@ -217,3 +217,89 @@ def test_request_bounds_follow_the_settings(settings):
     chat = openapi.document()["components"]["schemas"]["ChatCompletionRequest"]
     assert chat["properties"]["messages"]["maxItems"] == 7
     assert chat["properties"]["tools"]["anyOf"][0]["maxItems"] == 3
+
+
+def test_the_chat_request_schema_is_read_from_its_serializer(monkeypatch):
+    """The chat body's bounds are the validator's own: a range changed on the serializer's
+    field changes the document with it (nothing is typed twice)."""
+    from inference.serializers import ChatCompletionRequest
+
+    # A serializer's fields are built anew from their declared arguments for each instance.
+    declared = ChatCompletionRequest._declared_fields
+    monkeypatch.setitem(declared["temperature"]._kwargs, "max_value", 5.0)
+    monkeypatch.setitem(declared["n"]._kwargs, "min_value", 2)
+    monkeypatch.setitem(declared["session_id"]._kwargs, "max_length", 17)
+    props = openapi.document()["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert props["temperature"]["anyOf"][0]["maximum"] == 5.0
+    assert props["n"]["anyOf"][0]["minimum"] == 2
+    assert props["session_id"]["anyOf"][0]["maxLength"] == 17
+    # Every bound a field declares is in the document, and every field is documented.
+    assert set(props) == set(ChatCompletionRequest().fields)
+    for name, field in ChatCompletionRequest().fields.items():
+        schema = props[name]["anyOf"][0] if field.allow_null else props[name]
+        if getattr(field, "min_value", None) is not None:
+            assert schema["minimum"] == field.min_value, name
+        if getattr(field, "max_value", None) is not None:
+            assert schema["maximum"] == field.max_value, name
+        if getattr(field, "max_length", None) is not None:
+            assert schema["maxLength"] == field.max_length, name
+
+
+def test_field_schemas_say_what_each_field_takes():
+    from rest_framework import serializers
+
+    from pantheon_platform.openapi import INT64, field_schema, serializer_schema
+    from pantheon_platform.strict_json import (
+        StrictBooleanField,
+        StrictCharField,
+        StrictFloatField,
+        StrictIntegerField,
+    )
+
+    assert field_schema(StrictIntegerField()) == INT64
+    assert field_schema(StrictIntegerField(min_value=0, max_value=9, allow_null=True)) == {
+        "anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "null"}]
+    }
+    assert field_schema(StrictFloatField(exclusive_min=0.0, max_value=2.0)) == {
+        "type": "number",
+        "exclusiveMinimum": 0.0,
+        "maximum": 2.0,
+    }
+    assert field_schema(StrictBooleanField(help_text="why")) == {
+        "type": "boolean",
+        "description": "why",
+    }
+    # Blank refused (trimmed first): at least one non-space character.
+    assert field_schema(StrictCharField(max_length=4)) == {
+        "type": "string",
+        "maxLength": 4,
+        "minLength": 1,
+        "pattern": r"\S",
+    }
+    assert field_schema(StrictCharField(allow_blank=True)) == {"type": "string"}
+    assert field_schema(serializers.ChoiceField(("a", "b"))) == {"enum": ["a", "b"]}
+    listed = serializers.ListField(child=StrictIntegerField(min_value=0, max_value=3), max_length=2)
+    assert field_schema(listed) == {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 3},
+        "maxItems": 2,
+    }
+
+    class Body(serializers.Serializer):
+        name = StrictCharField(allow_blank=True)
+        flag = StrictBooleanField(required=False)
+
+    assert serializer_schema(Body) == {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "flag": {"type": "boolean"}},
+        "required": ["name"],
+    }
+
+
+def test_the_load_request_schema_is_read_from_its_serializer(monkeypatch):
+    from operators.serializers import LoadRequest
+
+    monkeypatch.setitem(LoadRequest._declared_fields["ctx_cap"]._kwargs, "max_value", 99)
+    load = openapi.document()["components"]["schemas"]["LoadRequest"]
+    assert load["properties"]["ctx_cap"]["anyOf"][0]["maximum"] == 99
+    assert load["required"] == ["path"]

@@ -15,7 +15,8 @@ from http import HTTPStatus
 
 import pytest
 
-from pantheon_site import daphne_hooks, openapi
+from pantheon_platform import openapi
+from pantheon_site import daphne_hooks
 from tests.e2e.daphne_server import Server, running_server
 
 MODEL = "smollm2-135m-instruct"
@@ -138,7 +139,7 @@ def test_every_documented_status_gets_the_standard_phrase_from_the_request_class
     """What the wire tests cannot provoke (500, 507): the status line the request class
     writes for every status the OpenAPI document lists."""
     request_class = daphne_hooks._request_class()
-    for status in sorted({200, 406, 501, *openapi._ERRORS}):
+    for status in sorted({200, 406, 501, *openapi.ERRORS}):
         request = request_class.__new__(request_class)  # setResponseCode needs no state
         request.setResponseCode(status)
         assert request.code_message == HTTPStatus(status).phrase.encode(), status

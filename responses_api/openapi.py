@@ -7,6 +7,21 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from pantheon_platform.openapi import (
+    BOOL,
+    INT64,
+    JSON,
+    NON_NEGATIVE,
+    NUMBER,
+    SSE,
+    STRING,
+    nullable,
+    obj,
+    ok,
+    operation,
+    ref,
+    session_header,
+)
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 from responses_api.wire import (
     EFFORT_BUDGETS,
@@ -23,9 +38,7 @@ RESPONSE_PATH = "/v1/responses/{response_id}"
 
 def _texts() -> dict:
     """A message's content: a string or text parts (input_text, output_text, refusal)."""
-    from pantheon_site.openapi import STRING, _object
-
-    part = _object(
+    part = obj(
         {
             "type": {"enum": ["input_text", "output_text", "text", "refusal"]},
             "text": STRING,
@@ -39,19 +52,8 @@ def _texts() -> dict:
 
 
 def schemas() -> dict:
-    from pantheon_site.openapi import (
-        BOOL,
-        INT64,
-        NON_NEGATIVE,
-        NUMBER,
-        STRING,
-        _nullable,
-        _object,
-        _ref,
-    )
-
     ident = {"type": "string", "maxLength": IDENTIFIER_MAX}
-    message_item = _object(
+    message_item = obj(
         {
             "type": {"const": "message"},
             "role": {"enum": list(INPUT_ROLES), "description": "developer is read as system."},
@@ -59,7 +61,7 @@ def schemas() -> dict:
         },
         ("role", "content"),
     )
-    function_call_item = _object(
+    function_call_item = obj(
         {
             "type": {"const": "function_call"},
             "call_id": {**ident, "minLength": 1},
@@ -68,7 +70,7 @@ def schemas() -> dict:
         },
         ("type", "call_id", "name", "arguments"),
     )
-    function_output_item = _object(
+    function_output_item = obj(
         {
             "type": {"const": "function_call_output"},
             "call_id": {**ident, "minLength": 1},
@@ -76,46 +78,46 @@ def schemas() -> dict:
         },
         ("type", "call_id", "output"),
     )
-    reasoning_item = _object(
+    reasoning_item = obj(
         {
             "type": {"const": "reasoning"},
             "content": {
                 "type": "array",
-                "items": _object({"type": STRING, "text": STRING}, ("text",)),
+                "items": obj({"type": STRING, "text": STRING}, ("text",)),
             },
         },
         ("type",),
         description="Its text becomes the next assistant turn's reasoning.",
     )
-    function_tool = _object(
+    function_tool = obj(
         {
             "type": {"const": "function"},
             "name": {"type": "string", "minLength": 1},
-            "description": _nullable(STRING),
-            "parameters": _nullable({"type": "object"}),
-            "strict": _nullable(BOOL),
+            "description": nullable(STRING),
+            "parameters": nullable({"type": "object"}),
+            "strict": nullable(BOOL),
         },
         ("type", "name"),
         description="A function tool (Responses' flat shape). Other tool types are 400.",
     )
     text_format = {
         "anyOf": [
-            _object({"type": {"enum": ["text", "json_object"]}}, ("type",)),
-            _object(
+            obj({"type": {"enum": ["text", "json_object"]}}, ("type",)),
+            obj(
                 {
                     "type": {"const": "json_schema"},
                     "name": {"type": "string", "minLength": 1, "maxLength": 64},
                     "schema": {"type": "object"},
-                    "strict": _nullable(BOOL),
-                    "description": _nullable(STRING),
+                    "strict": nullable(BOOL),
+                    "description": nullable(STRING),
                 },
                 ("type", "name", "schema"),
             ),
         ]
     }
-    request = _object(
+    request = obj(
         {
-            "model": _nullable(
+            "model": nullable(
                 {**ident, "description": "Served name or alias; with one model any value."}
             ),
             "input": {
@@ -136,32 +138,32 @@ def schemas() -> dict:
                 ],
                 "description": "Required unless previous_response_id is given.",
             },
-            "instructions": _nullable(
+            "instructions": nullable(
                 {"type": "string", "description": "A system message; not carried over."}
             ),
-            "tools": _nullable(
+            "tools": nullable(
                 {"type": "array", "maxItems": settings.PANTHEON_MAX_TOOLS, "items": function_tool}
             ),
-            "tool_choice": _nullable(
+            "tool_choice": nullable(
                 {
                     "anyOf": [
                         {"enum": ["auto", "none", "required"]},
-                        _object({"type": {"const": "function"}, "name": STRING}, ("type", "name")),
+                        obj({"type": {"const": "function"}, "name": STRING}, ("type", "name")),
                     ]
                 }
             ),
-            "text": _nullable(
-                _object(
+            "text": nullable(
+                obj(
                     {
-                        "format": _nullable(text_format),
-                        "verbosity": _nullable({"enum": ["low", "medium", "high"]}),
+                        "format": nullable(text_format),
+                        "verbosity": nullable({"enum": ["low", "medium", "high"]}),
                     }
                 )
             ),
-            "reasoning": _nullable(
-                _object(
+            "reasoning": nullable(
+                obj(
                     {
-                        "effort": _nullable(
+                        "effort": nullable(
                             {
                                 "enum": list(EFFORT_BUDGETS),
                                 "description": "none/minimal: no thinking; low 512, medium "
@@ -169,24 +171,24 @@ def schemas() -> dict:
                                 "budget (think-style templates only).",
                             }
                         ),
-                        "summary": _nullable({"enum": ["auto", "concise", "detailed"]}),
+                        "summary": nullable({"enum": ["auto", "concise", "detailed"]}),
                     }
                 )
             ),
-            "temperature": _nullable({"type": "number", "minimum": 0, "maximum": TEMPERATURE_MAX}),
-            "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "max_output_tokens": _nullable({**INT64, "minimum": 1, "description": "Default 1024."}),
-            "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 20}),
-            "seed": _nullable(INT64),
-            "store": _nullable({"type": "boolean", "description": "Default true."}),
-            "stream": _nullable(BOOL),
-            "parallel_tool_calls": _nullable(BOOL),
-            "previous_response_id": _nullable(ident),
-            "prompt_cache_key": _nullable(
+            "temperature": nullable({"type": "number", "minimum": 0, "maximum": TEMPERATURE_MAX}),
+            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "max_output_tokens": nullable({**INT64, "minimum": 1, "description": "Default 1024."}),
+            "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 20}),
+            "seed": nullable(INT64),
+            "store": nullable({"type": "boolean", "description": "Default true."}),
+            "stream": nullable(BOOL),
+            "parallel_tool_calls": nullable(BOOL),
+            "previous_response_id": nullable(ident),
+            "prompt_cache_key": nullable(
                 {**ident, "description": "The session id (prefix cache) to run under."}
             ),
-            "session_id": _nullable(ident),
-            "metadata": _nullable(
+            "session_id": nullable(ident),
+            "metadata": nullable(
                 {
                     "type": "object",
                     "maxProperties": METADATA_MAX_PAIRS,
@@ -194,18 +196,18 @@ def schemas() -> dict:
                     "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX},
                 }
             ),
-            "background": _nullable({"const": False}),
+            "background": nullable({"const": False}),
         },
         additionalProperties=True,
     )
-    output_text = _object(
+    output_text = obj(
         {"type": {"const": "output_text"}, "text": STRING, "annotations": {"type": "array"}},
         ("type", "text", "annotations"),
     )
     item_status = {"enum": ["in_progress", "completed", "incomplete"]}
     output_item = {
         "anyOf": [
-            _object(
+            obj(
                 {
                     "id": STRING,
                     "type": {"const": "message"},
@@ -215,7 +217,7 @@ def schemas() -> dict:
                 },
                 ("id", "type", "role", "status", "content"),
             ),
-            _object(
+            obj(
                 {
                     "id": STRING,
                     "type": {"const": "function_call"},
@@ -226,7 +228,7 @@ def schemas() -> dict:
                 },
                 ("id", "type", "call_id", "name", "arguments", "status"),
             ),
-            _object(
+            obj(
                 {
                     "id": STRING,
                     "type": {"const": "reasoning"},
@@ -238,35 +240,33 @@ def schemas() -> dict:
             ),
         ]
     }
-    usage = _object(
+    usage = obj(
         {
             "input_tokens": NON_NEGATIVE,
-            "input_tokens_details": _object(
+            "input_tokens_details": obj(
                 {"cached_tokens": NON_NEGATIVE, "cache_write_tokens": NON_NEGATIVE},
                 ("cached_tokens",),
             ),
             "output_tokens": NON_NEGATIVE,
-            "output_tokens_details": _object(
-                {"reasoning_tokens": NON_NEGATIVE}, ("reasoning_tokens",)
-            ),
+            "output_tokens_details": obj({"reasoning_tokens": NON_NEGATIVE}, ("reasoning_tokens",)),
             "total_tokens": NON_NEGATIVE,
         },
         ("input_tokens", "input_tokens_details", "output_tokens", "total_tokens"),
     )
-    response = _object(
+    response = obj(
         {
             "id": STRING,
             "object": {"const": "response"},
             "created_at": NUMBER,
             "status": {"enum": ["completed", "incomplete", "in_progress", "failed"]},
-            "incomplete_details": _nullable(
-                _object({"reason": {"const": "max_output_tokens"}}, ("reason",))
+            "incomplete_details": nullable(
+                obj({"reason": {"const": "max_output_tokens"}}, ("reason",))
             ),
             "model": STRING,
             "output": {"type": "array", "items": output_item},
-            "usage": _nullable(usage),
-            "previous_response_id": _nullable(STRING),
-            "instructions": _nullable(STRING),
+            "usage": nullable(usage),
+            "previous_response_id": nullable(STRING),
+            "instructions": nullable(STRING),
             "store": BOOL,
             "metadata": {"type": "object"},
         },
@@ -275,12 +275,12 @@ def schemas() -> dict:
     return {
         "ResponsesRequest": request,
         "Response": response,
-        "ResponseDeleted": _object(
+        "ResponseDeleted": obj(
             {"id": STRING, "object": {"const": "response.deleted"}, "deleted": {"const": True}},
             ("id", "object", "deleted"),
         ),
-        "ResponseStreamEvent": _object(
-            {"type": STRING, "sequence_number": NON_NEGATIVE, "response": _ref("Response")},
+        "ResponseStreamEvent": obj(
+            {"type": STRING, "sequence_number": NON_NEGATIVE, "response": ref("Response")},
             ("type", "sequence_number"),
         ),
     }
@@ -289,10 +289,8 @@ def schemas() -> dict:
 def add_paths(paths: dict[str, dict]) -> None:
     """Add the Responses routes to `paths` (before openapi.py adds the layers' errors
     and the preflights)."""
-    from pantheon_site.openapi import JSON, SSE, _ok, _operation, _ref, _session_header
-
     paths[RESPONSES_PATH] = {
-        "post": _operation(
+        "post": operation(
             RESPONSES_PATH,
             "createResponse",
             "OpenAI Responses API: a response (JSON), or (stream: true) its events "
@@ -303,13 +301,13 @@ def add_paths(paths: dict[str, dict]) -> None:
             {
                 "description": "The response, or its event stream.",
                 "content": {
-                    JSON: {"schema": _ref("Response")},
+                    JSON: {"schema": ref("Response")},
                     SSE: {"schema": {"type": "string"}},
                 },
             },
             (400, 404, 413, 422, 429, 503),
-            body=_ref("ResponsesRequest"),
-            parameters=[_session_header()],
+            body=ref("ResponsesRequest"),
+            parameters=[session_header()],
             tag="client",
         )
     }
@@ -322,19 +320,19 @@ def add_paths(paths: dict[str, dict]) -> None:
     }
     paths[RESPONSE_PATH] = {
         "parameters": [response_id],
-        "get": _operation(
+        "get": operation(
             RESPONSE_PATH,
             "retrieveResponse",
             "A stored response, as created (404 for another key's, or one not stored)",
-            _ok(_ref("Response")),
+            ok(ref("Response")),
             (404,),
             tag="client",
         ),
-        "delete": _operation(
+        "delete": operation(
             RESPONSE_PATH,
             "deleteResponse",
             "Delete a stored response (404 for another key's, or one not stored)",
-            _ok(_ref("ResponseDeleted")),
+            ok(ref("ResponseDeleted")),
             (404,),
             tag="client",
         ),

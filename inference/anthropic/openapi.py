@@ -10,22 +10,28 @@ from django.conf import settings
 
 from inference.anthropic.parse import THINKING_TYPES, UNSEEABLE_BLOCKS
 from inference.anthropic.render import ERROR_TYPES, STOP_REASONS
+from pantheon_platform.openapi import (
+    BOOL,
+    JSON,
+    NON_NEGATIVE,
+    RETRY_AFTER,
+    SSE,
+    STRING,
+    nullable,
+    obj,
+    operation,
+    ref,
+)
 from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
 
 
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
 def schemas() -> dict:
-    from pantheon_site.openapi import BOOL, NON_NEGATIVE, STRING, _nullable, _object
-
     ident = {"type": "string", "maxLength": IDENTIFIER_MAX}
-    text = _object({"type": {"const": "text"}, "text": STRING}, ("type", "text"))
-    block = _object(
+    text = obj({"type": {"const": "text"}, "text": STRING}, ("type", "text"))
+    block = obj(
         {
             "type": {
                 "type": "string",
@@ -47,7 +53,7 @@ def schemas() -> dict:
         ("type",),
         additionalProperties=True,
     )
-    message = _object(
+    message = obj(
         {
             "role": {"enum": ["user", "assistant"]},
             "content": {"anyOf": [STRING, {"type": "array", "items": block}]},
@@ -55,7 +61,7 @@ def schemas() -> dict:
         ("role", "content"),
         description="The last message must be the user's (an assistant prefill is a 400).",
     )
-    tool = _object(
+    tool = obj(
         {
             "type": {"const": "custom"},
             "name": {"type": "string", "minLength": 1},
@@ -67,7 +73,7 @@ def schemas() -> dict:
         description="Custom tools only: Anthropic's server tools (web search, bash, ...) "
         "are a 400.",
     )
-    tool_choice = _object(
+    tool_choice = obj(
         {
             "type": {"enum": ["auto", "any", "tool", "none"]},
             "name": STRING,
@@ -77,7 +83,7 @@ def schemas() -> dict:
         description="any: a call is compelled; tool: that tool is (name required); "
         "any and tool need `tools`.",
     )
-    thinking = _object(
+    thinking = obj(
         {
             "type": {"enum": list(THINKING_TYPES)},
             "budget_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_BOUND - 1},
@@ -89,7 +95,7 @@ def schemas() -> dict:
         "Absent: the server's default. Only think-style templates think.",
     )
     shared = {
-        "model": _nullable(ident),
+        "model": nullable(ident),
         "messages": {
             "type": "array",
             "minItems": 1,
@@ -97,16 +103,16 @@ def schemas() -> dict:
             "items": message,
         },
         "system": {"anyOf": [STRING, {"type": "array", "items": text}, {"type": "null"}]},
-        "tools": _nullable(
+        "tools": nullable(
             {"type": "array", "maxItems": settings.PANTHEON_MAX_TOOLS, "items": tool}
         ),
-        "tool_choice": _nullable(tool_choice),
-        "thinking": _nullable(thinking),
-        "output_config": _nullable(
-            _object(
+        "tool_choice": nullable(tool_choice),
+        "thinking": nullable(thinking),
+        "output_config": nullable(
+            obj(
                 {
-                    "format": _nullable(
-                        _object(
+                    "format": nullable(
+                        obj(
                             {"type": {"const": "json_schema"}, "schema": {"type": "object"}},
                             ("type", "schema"),
                         )
@@ -117,28 +123,26 @@ def schemas() -> dict:
                 description="format: the answer is held to this JSON schema.",
             )
         ),
-        "session_id": _nullable(
+        "session_id": nullable(
             {
                 **ident,
                 "description": "Extension: the prefix-cache session (else X-Session-Id).",
             }
         ),
     }
-    request = _object(
+    request = obj(
         {
             **shared,
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_BOUND - 1},
-            "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_k": _nullable({"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1}),
-            "stop_sequences": _nullable(
+            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
+            "top_k": nullable({"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1}),
+            "stop_sequences": nullable(
                 {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": ident}
             ),
-            "stream": _nullable(BOOL),
-            "metadata": _nullable(
-                _object({"user_id": _nullable(ident)}, additionalProperties=True)
-            ),
-            "seed": _nullable(
+            "stream": nullable(BOOL),
+            "metadata": nullable(obj({"user_id": nullable(ident)}, additionalProperties=True)),
+            "seed": nullable(
                 {
                     "type": "integer",
                     "minimum": 1 - INT64_BOUND,
@@ -151,15 +155,15 @@ def schemas() -> dict:
         additionalProperties=True,
         description="Anthropic's Messages request. Other fields are ignored.",
     )
-    count = _object(shared, ("messages",), additionalProperties=True)
+    count = obj(shared, ("messages",), additionalProperties=True)
     content_block = {
         "oneOf": [
-            _object({"type": {"const": "text"}, "text": STRING}, ("type", "text")),
-            _object(
+            obj({"type": {"const": "text"}, "text": STRING}, ("type", "text")),
+            obj(
                 {"type": {"const": "thinking"}, "thinking": STRING, "signature": STRING},
                 ("type", "thinking", "signature"),
             ),
-            _object(
+            obj(
                 {
                     "type": {"const": "tool_use"},
                     "id": STRING,
@@ -170,7 +174,7 @@ def schemas() -> dict:
             ),
         ]
     }
-    usage = _object(
+    usage = obj(
         {
             "input_tokens": NON_NEGATIVE,
             "output_tokens": NON_NEGATIVE,
@@ -185,7 +189,7 @@ def schemas() -> dict:
     return {
         "AnthropicMessagesRequest": request,
         "AnthropicCountTokensRequest": count,
-        "AnthropicMessage": _object(
+        "AnthropicMessage": obj(
             {
                 "id": STRING,
                 "type": {"const": "message"},
@@ -193,16 +197,16 @@ def schemas() -> dict:
                 "model": STRING,
                 "content": {"type": "array", "items": content_block},
                 "stop_reason": {"enum": [*stop_reasons, None]},
-                "stop_sequence": _nullable(STRING),
+                "stop_sequence": nullable(STRING),
                 "usage": usage,
             },
             ("id", "type", "role", "model", "content", "stop_reason", "usage"),
         ),
-        "AnthropicTokenCount": _object({"input_tokens": NON_NEGATIVE}, ("input_tokens",)),
-        "AnthropicError": _object(
+        "AnthropicTokenCount": obj({"input_tokens": NON_NEGATIVE}, ("input_tokens",)),
+        "AnthropicError": obj(
             {
                 "type": {"const": "error"},
-                "error": _object(
+                "error": obj(
                     {"type": {"enum": sorted(set(ERROR_TYPES.values()))}, "message": STRING},
                     ("type", "message"),
                 ),
@@ -223,28 +227,26 @@ _STREAM = {
 
 
 def _error(description: str, *, also_layers: bool = False) -> dict:
-    schema = _ref("AnthropicError")
+    schema = ref("AnthropicError")
     if also_layers:  # the ASGI layers before the route answer in the server's own shape
-        schema = {"anyOf": [schema, _ref("Error")]}
+        schema = {"anyOf": [schema, ref("Error")]}
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _responses(ok: dict) -> dict:
-    from pantheon_site.openapi import _RETRY_AFTER
-
     busy = _error(
         "rate_limit_error: the server is busy (queue full or timed out, prepare pool), the "
         "model's sessions are all held, or the session is busy; the key's concurrency "
         "limit (the server's shape). With Retry-After.",
         also_layers=True,
     )
-    busy["headers"] = _RETRY_AFTER
+    busy["headers"] = RETRY_AFTER
     overloaded = _error(
         "overloaded_error: no model loaded, memory pressure, or shutting down; the key "
         "table unreadable (the server's shape).",
         also_layers=True,
     )
-    overloaded["headers"] = _RETRY_AFTER
+    overloaded["headers"] = RETRY_AFTER
     return {
         "200": ok,
         "400": _error(
@@ -266,31 +268,29 @@ def _responses(ok: dict) -> dict:
 def add_paths(paths: dict[str, dict]) -> None:
     """Add the two Messages routes to `paths` (before openapi.py adds the layers' other
     errors and the preflights)."""
-    from pantheon_site.openapi import JSON, SSE, _operation
-
     for path, operation_id, summary, body, ok in (
         (
             MESSAGES_PATH,
             "anthropicMessages",
             "Anthropic Messages: a message, or (stream: true) its event stream",
-            _ref("AnthropicMessagesRequest"),
+            ref("AnthropicMessagesRequest"),
             {
                 "description": "A message, or (stream: true) an event stream.",
-                "content": {JSON: {"schema": _ref("AnthropicMessage")}, SSE: {"schema": _STREAM}},
+                "content": {JSON: {"schema": ref("AnthropicMessage")}, SSE: {"schema": _STREAM}},
             },
         ),
         (
             COUNT_PATH,
             "anthropicCountTokens",
             "Anthropic token counting: the prompt's tokens, nothing generated",
-            _ref("AnthropicCountTokensRequest"),
+            ref("AnthropicCountTokensRequest"),
             {
                 "description": "The prompt's token count.",
-                "content": {JSON: {"schema": _ref("AnthropicTokenCount")}},
+                "content": {JSON: {"schema": ref("AnthropicTokenCount")}},
             },
         ),
     ):
-        op = _operation(path, operation_id, summary, ok, body=body, tag="anthropic")
+        op = operation(path, operation_id, summary, ok, body=body, tag="anthropic")
         op["responses"] = _responses(ok)
         op["parameters"] = [
             {
