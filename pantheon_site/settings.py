@@ -174,7 +174,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # 128k-token chat before the engine could answer with context_over_budget. The ASGI body
 # limit (pantheon_site/limits.py) answers 413 first: a body within a route's limit is read.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LARGE_BODY_BYTES
-# Request bounds beyond the body size (README "Limits"; inference/serializers.py).
+# Request bounds beyond the body size (README "Limits"; inference/serializers.py reads
+# them, pantheon_platform/strict_json.py holds the others).
 PANTHEON_MAX_MESSAGES = env_int("PANTHEON_MAX_MESSAGES", 4096)
 PANTHEON_MAX_TOOLS = env_int("PANTHEON_MAX_TOOLS", 128)
 if PANTHEON_MAX_MESSAGES < 1 or PANTHEON_MAX_TOOLS < 0:
