@@ -28,6 +28,7 @@ from pantheon_platform.openapi import (
     ref,
     serializer_schema,
     session_header,
+    sse_event,
 )
 from pantheon_platform.strict_json import MAX_JSON_DEPTH
 
@@ -170,13 +171,12 @@ _CHAT_COMPLETION = obj(
     ("id", "object", "created", "model", "choices", "usage"),
 )
 
-_CHAT_STREAM = {
-    "type": "string",
-    "description": "Server-sent events: `data: {chat.completion.chunk}` lines (a role chunk "
+_CHAT_STREAM = sse_event(
+    "Server-sent events: `data: {chat.completion.chunk}` lines (a role chunk "
     "per choice, content/reasoning/tool-call deltas, a closing chunk with finish_reason, a "
     "usage chunk with stream_options.include_usage), then `data: [DONE]`. A "
-    "context_over_budget found after the stream opened is a terminal `data: {error}` event.",
-}
+    "context_over_budget found after the stream opened is a terminal `data: {error}` event."
+)
 
 _MODEL_ENTRY = obj(
     {

@@ -103,6 +103,18 @@ def obj(properties: dict, required: tuple = (), **extra: Any) -> dict:
     return schema
 
 
+def sse_event(description: str) -> dict:
+    """The schema of a text/event-stream response: one event, as its fields (`event`,
+    `data`, `id`, `retry`). Each event of a stream is checked against it (OpenAPI 3.2's
+    itemSchema; schemathesis reads a 3.1 `schema` on text/event-stream the same way), so
+    it is an object, not the stream's text."""
+    return {
+        "type": "object",
+        "properties": {"event": STRING, "data": STRING, "id": STRING, "retry": NON_NEGATIVE},
+        "description": description,
+    }
+
+
 def ok(schema: dict, description: str = "OK") -> dict:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 

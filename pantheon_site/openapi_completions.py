@@ -301,6 +301,7 @@ def schemas() -> dict:
 def add_paths(paths: dict[str, dict]) -> None:
     """Add /v1/completions, /v1/embeddings, /tokenize and /detokenize to `paths` (before
     openapi.py adds the layers' errors and the preflights)."""
+    from pantheon_platform.openapi import sse_event
     from pantheon_site.openapi import JSON, SSE, _ok, _operation, _ref, _session_header
 
     paths["/v1/completions"] = {
@@ -313,13 +314,12 @@ def add_paths(paths: dict[str, dict]) -> None:
                 "content": {
                     JSON: {"schema": _ref("TextCompletion")},
                     SSE: {
-                        "schema": {
-                            "type": "string",
-                            "description": "`data: {text_completion}` chunks (each choice's "
+                        "schema": sse_event(
+                            "`data: {text_completion}` chunks (each choice's "
                             "echo, its text pieces, a closing chunk with finish_reason; a usage "
                             "chunk with stream_options.include_usage), then `data: [DONE]`; a "
-                            "refusal after the stream opened is a terminal `data: {error}`.",
-                        }
+                            "refusal after the stream opened is a terminal `data: {error}`."
+                        )
                     },
                 },
             },

@@ -21,6 +21,7 @@ from pantheon_platform.openapi import (
     operation,
     ref,
     session_header,
+    sse_event,
 )
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 from responses_api.wire import (
@@ -302,7 +303,15 @@ def add_paths(paths: dict[str, dict]) -> None:
                 "description": "The response, or its event stream.",
                 "content": {
                     JSON: {"schema": ref("Response")},
-                    SSE: {"schema": {"type": "string"}},
+                    SSE: {
+                        "schema": sse_event(
+                            "Server-sent events, each with its `event:` line: "
+                            "response.created, response.output_item.added, "
+                            "response.output_text.delta, "
+                            "response.function_call_arguments.delta, ..., "
+                            "response.completed."
+                        )
+                    },
                 },
             },
             (400, 404, 413, 422, 429, 503),

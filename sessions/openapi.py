@@ -17,6 +17,7 @@ from pantheon_platform.openapi import (
     operation,
     query,
     session_header,
+    sse_event,
 )
 from pantheon_platform.tenancy import SESSION_ID_MAX
 from sessions.views import ESTIMATE_MAX, TOKEN_ID_LIMIT
@@ -193,7 +194,7 @@ def add_paths(paths: dict[str, dict]) -> None:
                     {
                         "description": "`: watch established`, then `: keepalive` comments "
                         "until the client goes.",
-                        "content": {SSE: {"schema": {"type": "string"}}},
+                        "content": {SSE: {"schema": sse_event("Comment lines only: no event.")}},
                     },
                     (400, 404, 503),
                     parameters=[

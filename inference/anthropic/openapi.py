@@ -21,6 +21,7 @@ from pantheon_platform.openapi import (
     obj,
     operation,
     ref,
+    sse_event,
 )
 from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
 
@@ -216,14 +217,13 @@ def schemas() -> dict:
     }
 
 
-_STREAM = {
-    "type": "string",
-    "description": "Server-sent events, each with its `event:` line: message_start, ping, "
+_STREAM = sse_event(
+    "Server-sent events, each with its `event:` line: message_start, ping, "
     "then per content block content_block_start, content_block_delta (text_delta, "
     "thinking_delta, input_json_delta), content_block_stop; then message_delta "
     "(stop_reason, stop_sequence, usage) and message_stop. An error after the stream "
-    "opened is an `event: error` in Anthropic's shape.",
-}
+    "opened is an `event: error` in Anthropic's shape."
+)
 
 
 def _error(description: str, *, also_layers: bool = False) -> dict:
