@@ -231,7 +231,12 @@ class CpuBackend(NumpyBackend):
             bool(spec.neox_rope),
             GLU_ACTIVATIONS[spec.activation],
         )
-        plan = self.ext.decode_plan(dims, rows, keep)
+        try:
+            plan = self.ext.decode_plan(dims, rows, keep)
+        except ValueError:
+            # Shapes the fused step cannot take (a malformed file): the per-op path runs
+            # it and says what is wrong when it does.
+            return None
         ext = self.ext
 
         def run(x, slots, positions, kv) -> np.ndarray:

@@ -89,7 +89,7 @@ def test_models_is_empty_while_nothing_is_loaded(http, empty_runtime):
     assert http.get("/v1/models").json()["data"] == []
 
 
-@pytest.mark.parametrize("path", ["/nope", "/v1/models/", "/v1/completions", "/admin/nope", "/v2"])
+@pytest.mark.parametrize("path", ["/nope", "/v1/models/", "/v1/edits", "/admin/nope", "/v2"])
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
 def test_unknown_route_is_the_exact_json_404(http, path, method):
     response = getattr(http, method)(path)
