@@ -36,10 +36,6 @@ from pantheon_platform.strict_json import (
 )
 from pantheon_platform.tenancy import SESSION_ID_MAX
 
-# Moved to pantheon_platform.strict_json; shim for in-flight code, removed when nothing
-# imports it (the names above stay: this module uses them).
-from pantheon_platform.strict_json import INT64_BOUND, MAX_LOGIT_BIAS, MAX_STOP_STRINGS  # noqa: E402, F401, I001  # isort: skip
-
 # What the sampling fields are clamped to (not refused): the contract's ranges.
 PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty, frequency_penalty
 MIN_P_RANGE = (0.0, 1.0)

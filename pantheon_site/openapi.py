@@ -5,7 +5,7 @@ routes are plain Django views that parse their JSON by hand, and /session/watch 
 Channels consumer, so a generator would see empty bodies. Each app describes its own
 routes (`add_paths(paths)`, `schemas()` in inference/openapi.py,
 inference/anthropic/openapi.py, operators/openapi.py, sessions/openapi.py,
-responses_api/openapi.py, and here openapi_completions.py and openapi_ollama.py) with the
+responses_api/openapi.py, inference/textapi/openapi.py, inference/ollama/openapi.py) with the
 building blocks of pantheon_platform/openapi.py, whose `serializer_schema` reads a request
 body's bounds from its serializer. This module puts the pieces together, adds what the
 ASGI layers may answer before any view and the CORS preflights, and serves the document;
@@ -19,34 +19,26 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 import inference.anthropic.openapi as anthropic_openapi
+import inference.ollama.openapi as ollama_openapi
 import inference.openapi as inference_openapi
+import inference.textapi.openapi as textapi_openapi
 import operators.openapi as operators_openapi
 import responses_api.openapi as responses_openapi
 import sessions.openapi as sessions_openapi
 from pantheon_platform import routes
 from pantheon_platform.errors import json_response, method_not_allowed
 from pantheon_platform.openapi import (
-    BOOL,
     ERRORS,
-    FINITE,
-    INT,
-    INT64,
     JSON,
     METHODS,
-    NON_NEGATIVE,
-    NUMBER,
     RETRY_AFTER,
-    SSE,
     STRING,
     error_ref,
-    nullable,
     obj,
     ok,
     operation,
     ref,
-    session_header,
 )
-from pantheon_site import openapi_completions, openapi_ollama
 
 OPENAPI_VERSION = "3.1.0"
 DEBUG_PATH = inference_openapi.DEBUG_PATH
@@ -57,16 +49,11 @@ PIECES = (
     operators_openapi,  # /admin/models, /admin/aliases, ...
     sessions_openapi,  # /admin/session/export, /session/...
     responses_openapi,  # /v1/responses, /v1/responses/{response_id}
-    openapi_completions,  # /v1/completions, /v1/embeddings, /tokenize, /detokenize
+    textapi_openapi,  # /v1/completions, /v1/embeddings, /tokenize, /detokenize
     anthropic_openapi,  # /v1/messages, /v1/messages/count_tokens
-    openapi_ollama,  # /api/chat, /api/generate, /api/tags, ... (Ollama's)
+    ollama_openapi,  # /api/chat, /api/generate, /api/tags, ... (Ollama's)
 )
 
-# The building blocks under the names openapi_completions.py and openapi_ollama.py import
-# them by (they moved to pantheon_platform.openapi; removed when nothing imports them).
-_ref, _nullable, _object, _ok, _operation = ref, nullable, obj, ok, operation
-_session_header, _RETRY_AFTER = session_header, RETRY_AFTER
-__all__ = ["BOOL", "FINITE", "INT", "INT64", "JSON", "NON_NEGATIVE", "NUMBER", "SSE", "STRING"]
 
 _ERROR = obj(
     {

@@ -49,7 +49,7 @@ def line(payload: dict) -> bytes:
 
 class NdjsonResponse(StreamingHttpResponse):
     """application/x-ndjson fed by an async generator of lines, each sent as produced
-    (as inference.sse.EventStreamResponse: a sync iterator would be buffered whole under
+    (as pantheon_platform.sse.EventStreamResponse: a sync iterator would be buffered whole under
     Daphne, and the generator itself is handed out so a disconnect closes it at once)."""
 
     def __init__(self, lines):

@@ -20,11 +20,11 @@ from inference.engine.text.tokenizer import TooManyTokens
 from inference.engine.types import ContextOverBudget, FinishEvent, GenerationFailed, TokenEvent
 from inference.ollama import parse, render
 from inference.ollama.render import Answer, Clock, NdjsonResponse, error_response
-from pantheon_platform import runtime as registry
 from pantheon_platform import shutdown
 from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
 from pantheon_platform.errors import ApiError, json_response, method_not_allowed, shutting_down
 from pantheon_platform.request_log import note
+from pantheon_platform.runtime import LOADING, build_id, get_runtime
 from pantheon_platform.strict_json import parse_json_object
 
 log = logging.getLogger("pantheon.http")
@@ -51,7 +51,7 @@ def resolve(model: str):
     """(served name, service) for an Ollama model name: as sent, then without `:latest`,
     each through the aliases. Unlike the OpenAI routes, the name must name a served model
     even when one model is loaded (Ollama's 404 "model not found")."""
-    rt = registry.get_runtime()
+    rt = get_runtime()
     services = rt.services()
     if not services:
         return rt.resolve(model)  # NoModelsLoaded: 503, saying why (loading, failed, none)
@@ -60,7 +60,7 @@ def resolve(model: str):
         name = rt.follow(candidate)
         if name in services:
             return rt.resolve(name)
-        if getattr(states.get(name), "state", None) == registry.LOADING:
+        if getattr(states.get(name), "state", None) == LOADING:
             raise ApiError(
                 503,
                 f'model "{model}" is still loading; retry shortly',
@@ -309,7 +309,7 @@ def _token_lists(svc, parsed: parse.EmbedRequest) -> list[list[int]]:
 
 def _listed() -> list[tuple[str, object]]:
     """(Ollama name, service) of every served name and every alias of one, by name."""
-    rt = registry.get_runtime()
+    rt = get_runtime()
     services = rt.services()
     rows = {parse.ollama_name(n): svc for n, svc in services.items()}
     for alias, _target in rt.aliases().items():
@@ -358,7 +358,7 @@ def show(request: HttpRequest) -> HttpResponse:
 def version(request: HttpRequest) -> HttpResponse:
     if refused := _method(request, "GET"):
         return refused
-    return json_response({"version": OLLAMA_API_VERSION, "pantheon": registry.build_id()})
+    return json_response({"version": OLLAMA_API_VERSION, "pantheon": build_id()})
 
 
 MANAGED = {

@@ -521,7 +521,7 @@ async def test_embed_refusals_and_truncation(post, small):
 
 @pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/api/embed", "/api/embeddings"])
 def test_the_conversation_routes_have_the_chat_routes_scope_and_body_limit(path):
-    from pantheon_site import routes
+    from pantheon_platform import routes
 
     chat = "/v1/chat/completions"
     assert routes.scope_for(path) == routes.scope_for(chat) == routes.INFERENCE
@@ -530,7 +530,7 @@ def test_the_conversation_routes_have_the_chat_routes_scope_and_body_limit(path)
 
 @pytest.mark.parametrize("path", ["/api/tags", "/api/ps", "/api/show", "/api/version"])
 def test_the_model_routes_have_the_inference_scope(path):
-    from pantheon_site import routes
+    from pantheon_platform import routes
 
     assert routes.scope_for(path) == routes.INFERENCE
     assert routes.body_limit(path) == routes.MANAGEMENT_BODY_BYTES

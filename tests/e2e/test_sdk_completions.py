@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from pantheon_site import routes
+from pantheon_platform import routes
 from tests.e2e.daphne_server import running_server
 from tests.engine.test_embedding import PARAPHRASES, UNRELATED
 

@@ -20,6 +20,19 @@ from inference.ollama.parse import (
 )
 from inference.ollama.render import NDJSON
 from inference.ollama.views import MANAGED, managed_method
+from pantheon_platform.openapi import (
+    BOOL,
+    FINITE,
+    INT64,
+    JSON,
+    NON_NEGATIVE,
+    NUMBER,
+    STRING,
+)
+from pantheon_platform.openapi import RETRY_AFTER as _RETRY_AFTER
+from pantheon_platform.openapi import nullable as _nullable
+from pantheon_platform.openapi import obj as _object
+from pantheon_platform.openapi import operation as _operation
 from pantheon_platform.strict_json import IDENTIFIER_MAX, MAX_STOP_STRINGS
 
 
@@ -28,17 +41,6 @@ def _ref(name: str) -> dict:
 
 
 def schemas() -> dict:
-    from pantheon_site.openapi import (
-        BOOL,
-        FINITE,
-        INT64,
-        NON_NEGATIVE,
-        NUMBER,
-        STRING,
-        _nullable,
-        _object,
-    )
-
     model = {"type": "string", "minLength": 1, "maxLength": IDENTIFIER_MAX}
     keep_alive = _nullable(
         {
@@ -327,8 +329,6 @@ def _error(description: str) -> dict:
 
 
 def _responses(ok: dict, *, body: bool) -> dict:
-    from pantheon_site.openapi import _RETRY_AFTER
-
     busy = _error(
         "The server is busy (queue full or timed out, prepare pool), the model's sessions "
         "are all held; the key's concurrency limit. With Retry-After."
@@ -377,7 +377,6 @@ _STREAM = {
 def add_paths(paths: dict[str, dict]) -> None:
     """Add Ollama's routes to `paths` (before openapi.py adds the layers' other errors and
     the preflights)."""
-    from pantheon_site.openapi import JSON, _operation
 
     def op(path, method, operation_id, summary, ok, body=None):
         operation = _operation(path, operation_id, summary, ok, body=body, tag="ollama")

@@ -10,6 +10,23 @@ from inference.engine.types import MAX_CHOICES, MAX_TOKENS_CLAMP
 from inference.textapi.common import TOKEN_ID_MAX
 from inference.textapi.completions import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, MAX_PROMPTS
 from inference.textapi.embeddings import ENCODINGS, MAX_INPUTS, MAX_TOTAL_TOKENS
+from pantheon_platform.openapi import (
+    BOOL,
+    FINITE,
+    INT64,
+    JSON,
+    NON_NEGATIVE,
+    NUMBER,
+    SSE,
+    STRING,
+    sse_event,
+)
+from pantheon_platform.openapi import nullable as _nullable
+from pantheon_platform.openapi import obj as _object
+from pantheon_platform.openapi import ok as _ok
+from pantheon_platform.openapi import operation as _operation
+from pantheon_platform.openapi import ref as _ref
+from pantheon_platform.openapi import session_header as _session_header
 from pantheon_platform.strict_json import (
     IDENTIFIER_MAX,
     MAX_LOGIT_BIAS,
@@ -39,17 +56,6 @@ def _inputs(what: str, limit: int, min_length: int = 0) -> dict:
 
 
 def schemas() -> dict:
-    from pantheon_site.openapi import (
-        BOOL,
-        FINITE,
-        INT64,
-        NON_NEGATIVE,
-        NUMBER,
-        STRING,
-        _nullable,
-        _object,
-    )
-
     model = _nullable(
         {
             "type": "string",
@@ -301,9 +307,6 @@ def schemas() -> dict:
 def add_paths(paths: dict[str, dict]) -> None:
     """Add /v1/completions, /v1/embeddings, /tokenize and /detokenize to `paths` (before
     openapi.py adds the layers' errors and the preflights)."""
-    from pantheon_platform.openapi import sse_event
-    from pantheon_site.openapi import JSON, SSE, _ok, _operation, _ref, _session_header
-
     paths["/v1/completions"] = {
         "post": _operation(
             "/v1/completions",
