@@ -68,7 +68,7 @@ class AccessGuard:
         try:
             principal = await admit(scope)
         except Refusal as refusal:
-            return await refuse(send, refusal)
+            return await refuse(send, refusal, scope.get("path", ""))
         scope[NAMESPACE_KEY] = namespace_of(principal)  # in place, before routing copies it
         if principal is None:
             return await self.app(scope, receive, send)
@@ -86,6 +86,7 @@ class AccessGuard:
                     "retry when one has finished",
                     [(b"retry-after", b"1")],
                 ),
+                scope.get("path", ""),
             )
         self.in_flight[identity] = self.in_flight.get(identity, 0) + 1
         try:
@@ -318,8 +319,11 @@ def check_content_type(scope) -> None:
 # --- the refusal ---------------------------------------------------------------------
 
 
-async def refuse(send, refusal: Refusal) -> None:
-    """The contract's error shape, with its CORS and Connection headers."""
+async def refuse(send, refusal: Refusal, path: str = "") -> None:
+    """The error shape of the route's wire format (the contract's, Anthropic's on
+    /v1/messages, Ollama's on /api/), with its CORS and Connection headers."""
     from pantheon_platform.errors import send_asgi_error
 
-    await send_asgi_error(send, refusal.status, refusal.message, refusal.type, refusal.headers)
+    await send_asgi_error(
+        send, refusal.status, refusal.message, refusal.type, refusal.headers, path=path
+    )

@@ -70,12 +70,48 @@ def error_body(message: str, type: str, **extra: object) -> dict:
     return {"error": {"message": message, "type": type, "code": None, **extra}}
 
 
-async def send_asgi_error(send, status: int, message: str, type: str, headers=()) -> None:
+# Anthropic's error types by status (its Messages routes answer in its shape).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    kind = ANTHROPIC_ERROR_TYPES.get(
+        status, "api_error" if status >= 500 else "invalid_request_error"
+    )
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def wire_error_body(path: str, status: int, message: str, type: str) -> dict:
+    """The error body in the shape of the wire format `path` speaks: Anthropic's on
+    /v1/messages, Ollama's (`{"error": message}`) on /api/, the contract's elsewhere. For
+    the layers that answer before any view, so a client's SDK parses every refusal."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return anthropic_error_body(status, message)
+    if path.startswith("/api/"):
+        return {"error": message}
+    return error_body(message, type)
+
+
+async def send_asgi_error(
+    send, status: int, message: str, type: str, headers=(), path: str = ""
+) -> None:
     """The error shape straight from an ASGI layer (the access guard, the body limit),
-    before any view: with the CORS header every response carries, and Connection: close
-    (the client may still be sending a body nobody will read). `headers`: extra
-    (name, value) byte pairs."""
-    body = json.dumps(error_body(message, type), separators=(",", ":")).encode()
+    before any view, in the shape of the route's wire format (`wire_error_body`): with
+    the CORS header every response carries, and Connection: close (the client may still
+    be sending a body nobody will read). `headers`: extra (name, value) byte pairs."""
+    body = json.dumps(wire_error_body(path, status, message, type), separators=(",", ":"))
+    body = body.encode()
     await send(
         {
             "type": "http.response.start",

@@ -41,11 +41,13 @@ class BodyLimit:
             match = _LENGTH.fullmatch(lengths[0]) if len(lengths) == 1 else None
             if match is None:
                 return await send_error(
-                    send, 400, "malformed Content-Length header", "invalid_request_error"
+                    send, 400, "malformed Content-Length header", "invalid_request_error", path=path
                 )
             digits = match[1].lstrip(b"0")
             if len(digits) > _MAX_DIGITS or int(digits or b"0") > limit:
-                return await send_error(send, 413, too_large(path, limit), "request_too_large")
+                return await send_error(
+                    send, 413, too_large(path, limit), "request_too_large", path=path
+                )
 
         received = 0
         started = False  # the application's response has begun
@@ -63,7 +65,9 @@ class BodyLimit:
                     # sees a client that went away, never a truncated body.
                     if not started:
                         refused = True
-                        await send_error(send, 413, too_large(path, limit), "request_too_large")
+                        await send_error(
+                            send, 413, too_large(path, limit), "request_too_large", path=path
+                        )
                     return {"type": "http.disconnect"}
             return message
 

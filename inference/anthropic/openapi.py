@@ -9,7 +9,8 @@ from __future__ import annotations
 from django.conf import settings
 
 from inference.anthropic.parse import THINKING_TYPES, UNSEEABLE_BLOCKS
-from inference.anthropic.render import ERROR_TYPES, STOP_REASONS
+from inference.anthropic.render import STOP_REASONS
+from pantheon_platform.errors import ANTHROPIC_ERROR_TYPES as ERROR_TYPES
 from pantheon_platform.openapi import (
     BOOL,
     JSON,

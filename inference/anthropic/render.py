@@ -12,7 +12,12 @@ import json
 
 from inference.engine.tools.dialects import ArgumentsDelta, CallOpened
 from inference.engine.types import ContextOverBudget, FinishEvent, TokenEvent, Usage
-from pantheon_platform.errors import ApiError, api_error_from, json_response
+from pantheon_platform.errors import (
+    ApiError,
+    anthropic_error_body,
+    api_error_from,
+    json_response,
+)
 
 # The core's finish reasons as Anthropic's stop_reason (a loop cut by the detector ends
 # the turn: Anthropic has no reason for it).
@@ -24,18 +29,6 @@ STOP_REASONS = {
 }
 
 # Anthropic's error types, by the status our error carries.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-}
 
 
 def sse_event(name: str, payload: dict) -> bytes:
@@ -193,10 +186,7 @@ def anthropic_error(exc: Exception) -> ApiError:
 
 
 def error_json(error: ApiError) -> dict:
-    kind = ERROR_TYPES.get(
-        error.status, "api_error" if error.status >= 500 else "invalid_request_error"
-    )
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    return anthropic_error_body(error.status, error.message)
 
 
 def error_response(error: ApiError):
