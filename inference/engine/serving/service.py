@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
@@ -122,6 +123,10 @@ MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the lad
 IDLE_WAIT_S = 0.25  # an idle engine thread still wakes this often (queue timeouts, ladder)
 MAX_RETRY_AFTER_S = 30
 SESSION_REAP_S = 1.0  # how often the engine thread drops idle sessions
+# A slot a session turn parked from keeps its KV this long (its pages are not handed
+# back), so the session's next turn that lands in it resumes without copying the parked
+# prefix back (a 1.9k-token SmolLM2 prefix is 87 MB: ~70 ms of page faults and copying).
+RESIDENT_S = 60.0
 FALLBACK_PREFILL_TOK_PER_S = 100.0  # estimates before a prefill rate is measured
 
 
@@ -205,6 +210,12 @@ class ModelService:
         self.kv = model.make_kv_cache(
             self.max_concurrent_configured, self.context_window_configured
         )
+        # Slots whose KV is still a parked conversation's (engine thread only): parked
+        # this step (the slot frees with it) and, once freed, resident until reused,
+        # expired (RESIDENT_S) or beyond the cap (a quarter of the slots, at least one).
+        self._parked_from: dict[int, weakref.ref] = {}
+        self._resident: dict[int, tuple[weakref.ref, float]] = {}
+        self._resident_cap = max(1, self.max_concurrent_configured // 4)
         self.ladder = MemoryLadder(
             self.max_concurrent_configured,
             self.context_window_configured,
@@ -696,8 +707,7 @@ class ModelService:
                 self.scheduler.resume(group_id, cached)
             batch = self.scheduler.plan(started)
             freed = self.scheduler.pop_freed_slots()
-        for slot in freed:  # only this thread assigns slots: they stay free meanwhile
-            self.kv.release(slot)
+        self._release_freed(freed)
         self._deliver(refused)
         if self._advance_job():
             self._trim_due = True
@@ -751,18 +761,48 @@ class ModelService:
 
     def _load_session_prefixes(self, resuming) -> list[tuple[int, int]]:
         """Session turns just admitted: copy the KV of the conversation each prompt
-        continues into its first slot. Returns (group id, cached tokens) to resume."""
+        continues into its first slot, unless that slot still holds it (the turn before
+        parked from it and nothing has used it since). Returns (group id, cached tokens)
+        to resume."""
         resumed = []
         for started, req in resuming:
             sid = req.request.session_id if req is not None else None
-            if sid is None or not self.sessions.enabled:
-                continue
-            req.resume = self.sessions.match(sid, req.request.prompt_ids)
-            conv, cached = req.resume.conversation, req.resume.cached
-            if conv is not None and cached > 0:
-                self.kv.load(started.slots[0], conv.k, conv.v, cached)
-                resumed.append((started.group_id, cached))
+            if sid is not None and self.sessions.enabled and started.slots:
+                req.resume = self.sessions.match(sid, req.request.prompt_ids)
+                conv, cached = req.resume.conversation, req.resume.cached
+                if conv is not None and cached > 0:
+                    if self._slot_holds(started.slots[0]) is not conv:
+                        self.kv.load(started.slots[0], conv.k, conv.v, cached)
+                    resumed.append((started.group_id, cached))
+            for slot in started.slots:  # reused from now on: no longer a parked copy
+                self._parked_from.pop(slot, None)
+                self._resident.pop(slot, None)
         return resumed
+
+    def _slot_holds(self, slot: int):
+        """The parked conversation whose KV `slot` still holds, or None."""
+        ref = self._parked_from.get(slot)
+        if ref is None and slot in self._resident:
+            ref = self._resident[slot][0]
+        return ref() if ref is not None else None
+
+    def _release_freed(self, freed: list[int]) -> None:
+        """Hand freed slots' KV pages back to the OS, but keep a slot a session just parked
+        from (resident, for the session's next turn); expire resident slots past
+        RESIDENT_S, whose conversation is gone, or beyond the cap (oldest first)."""
+        now = time.monotonic()
+        for slot in freed:
+            ref = self._parked_from.pop(slot, None)
+            if ref is not None and ref() is not None:
+                self._resident[slot] = (ref, now)
+            else:
+                self.kv.release(slot)
+        self._parked_from.clear()  # parked from a slot that was handed on, not freed
+        by_age = sorted(self._resident.items(), key=lambda item: item[1][1])
+        for i, (slot, (ref, since)) in enumerate(by_age):
+            if ref() is None or now - since > RESIDENT_S or len(by_age) - i > self._resident_cap:
+                del self._resident[slot]
+                self.kv.release(slot)
 
     def _park_session(self, ch: _Choice, event: Finished) -> bool:
         """Choice 0 of a session turn ended: keep its slot's KV (still intact: the slot is
@@ -776,7 +816,9 @@ class ModelService:
         if n_out < 0 or len(tokens) != event.kv_written or event.slot < 0:
             return False
         k, v = self.kv.save(event.slot, event.kv_written)
-        return self.sessions.park(request.session_id, Conversation(tokens, k, v), ch.req.resume)
+        conversation = Conversation(tokens, k, v)
+        self._parked_from[event.slot] = weakref.ref(conversation)
+        return self.sessions.park(request.session_id, conversation, ch.req.resume)
 
     def _reap_sessions(self) -> None:
         now = time.monotonic()
