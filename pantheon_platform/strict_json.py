@@ -284,3 +284,38 @@ def _first_error(node, path: str) -> tuple[str, str]:
     if isinstance(node, list) and node:
         return _first_error(node[0], path)
     return path, str(node)
+
+
+def json_kind(value: object) -> str:
+    """A parsed JSON value's kind, as error messages name it ("null", "array", ...)."""
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
+        type(value), "array" if isinstance(value, list) else "object"
+    )
+
+
+def tool_objects(value: object) -> list[tuple[str, dict]]:
+    """A request's `tools` as (path, tool object) pairs ("tools.0", ...): absent is none;
+    else a JSON array of at most PANTHEON_MAX_TOOLS objects, or a 400 naming the field.
+    What each tool holds is the wire format's to check."""
+    from django.conf import settings
+
+    from pantheon_platform.errors import invalid_request
+
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid_request(f"tools: expected an array, got {json_kind(value)}", "tools")
+    limit = settings.PANTHEON_MAX_TOOLS
+    if len(value) > limit:
+        raise invalid_request(
+            f"tools: at most {limit} tools (PANTHEON_MAX_TOOLS); got {len(value)}", "tools"
+        )
+    pairs = []
+    for i, tool in enumerate(value):
+        path = f"tools.{i}"
+        if not isinstance(tool, dict):
+            raise invalid_request(f"{path}: expected an object, got {json_kind(tool)}", path)
+        pairs.append((path, tool))
+    return pairs

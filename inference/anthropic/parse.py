@@ -26,7 +26,13 @@ from inference.engine.types import (
     SamplingParams,
 )
 from pantheon_platform.errors import invalid_request
-from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
+from pantheon_platform.strict_json import (
+    IDENTIFIER_MAX,
+    INT64_BOUND,
+    MAX_STOP_STRINGS,
+    json_kind,
+    tool_objects,
+)
 
 # Blocks whose content no loaded model can take in (Anthropic's names).
 UNSEEABLE_BLOCKS = ("image", "document", "search_result", "container_upload")
@@ -104,12 +110,7 @@ def parse_messages_request(
 # --- scalars -------------------------------------------------------------------------
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
-        type(value), "array" if isinstance(value, list) else "object"
-    )
+_kind = json_kind
 
 
 def _optional_string(data: dict, key: str, max_length: int) -> str | None:
@@ -478,20 +479,8 @@ def _tool_use(block: dict, path: str) -> dict:
 def _tools(value: object) -> tuple[dict, ...]:
     """Custom (client) tools as OpenAI function tools. Anthropic's server tools (web
     search, code execution, bash, ...) run on Anthropic's side: refused."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise invalid_request(f"tools: expected an array, got {_kind(value)}", "tools")
-    limit = settings.PANTHEON_MAX_TOOLS
-    if len(value) > limit:
-        raise invalid_request(
-            f"tools: at most {limit} tools (PANTHEON_MAX_TOOLS); got {len(value)}", "tools"
-        )
     out = []
-    for i, tool in enumerate(value):
-        path = f"tools.{i}"
-        if not isinstance(tool, dict):
-            raise invalid_request(f"{path}: expected an object, got {_kind(tool)}", path)
+    for path, tool in tool_objects(value):
         kind = tool.get("type")
         if kind not in (None, "custom"):
             raise invalid_request(

@@ -35,6 +35,8 @@ from pantheon_platform.strict_json import (
     MAX_STOP_STRINGS,
     REPETITION_PENALTY_MAX,
     TEMPERATURE_RANGE,
+    json_kind,
+    tool_objects,
 )
 
 THINK_LEVELS = ("high", "medium", "low")  # Ollama's levels: any of them turns thinking on
@@ -81,12 +83,7 @@ class OllamaRequest:
 # --- scalars -------------------------------------------------------------------------
 
 
-def kind(value: object) -> str:
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
-        type(value), "array" if isinstance(value, list) else "object"
-    )
+kind = json_kind
 
 
 def _integer(value: object, path: str) -> int:
@@ -486,20 +483,8 @@ def _tool_result_id(
 def tools(value: object) -> tuple[dict, ...]:
     """Ollama's tools are OpenAI function tools ({type: "function", function: {name,
     description, parameters}}); the core checks each one."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise invalid_request(f"tools: expected an array, got {kind(value)}", "tools")
-    limit = settings.PANTHEON_MAX_TOOLS
-    if len(value) > limit:
-        raise invalid_request(
-            f"tools: at most {limit} tools (PANTHEON_MAX_TOOLS); got {len(value)}", "tools"
-        )
     out = []
-    for i, tool in enumerate(value):
-        path = f"tools.{i}"
-        if not isinstance(tool, dict):
-            raise invalid_request(f"{path}: expected an object, got {kind(tool)}", path)
+    for path, tool in tool_objects(value):
         if tool.get("type", "function") != "function":
             raise invalid_request(
                 f'{path}.type: only "function" tools are supported', f"{path}.type"
