@@ -81,8 +81,12 @@ async def test_unloading_mid_stream_lets_the_stream_finish(two_names):
 
     rt, _ = two_names
     app = get_asgi_application()
-    max_tokens = 64  # long enough to still be running while the unload waits
+    # Long enough to still be running while the unload waits and the refused request is
+    # made, on the compiled kernels too (64 tokens took ~0.6 s there); the turn-end
+    # tokens banned, so it ends by `length`.
+    max_tokens = 400
     body = {"model": SECOND, "messages": COUNT, "temperature": 0, "max_tokens": max_tokens}
+    body["logit_bias"] = {"0": -100, "1": -100, "2": -100}
     body |= {"stream": True, "stream_options": {"include_usage": True}}
     stream = AsgiRequest(app, "POST", CHAT, json.dumps(body).encode()).start()
     await stream.wait_for(lambda r: sum(b'"content"' in c for c in r.chunks) >= 2, timeout=120)
