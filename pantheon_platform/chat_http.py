@@ -18,12 +18,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from django.conf import settings
 
 from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
+from inference.engine.types import FinishEvent, GenerationFailed
 from pantheon_platform import tenancy
 from pantheon_platform.errors import ApiError
 from pantheon_platform.request_log import note
@@ -123,3 +125,19 @@ async def start_turn(
     options = chat_options()
     prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, options))
     return StartedTurn(name, svc, prepared, run_turn(svc, prepared))
+
+
+async def one_choice(events: AsyncIterator, on_token: Callable[[object], object]) -> FinishEvent:
+    """A one-choice turn's events to its end: each TokenEvent to `on_token`, its
+    FinishEvent returned (GenerationFailed if none came). Closed however it ends: a view
+    cancelled (client gone) stops the generation."""
+    finish: FinishEvent | None = None
+    async with aclosing(events):
+        async for event in events:
+            if isinstance(event, FinishEvent):
+                finish = event
+            else:
+                on_token(event)
+    if finish is None:
+        raise GenerationFailed("the engine stream ended without a finish event")
+    return finish

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from dataclasses import replace
 
 from django.http import HttpRequest, HttpResponse
@@ -34,6 +33,7 @@ from pantheon_platform.chat_http import (
     StartedTurn,
     chat_options,
     off_loop,
+    one_choice,
     start_turn,
     turn_deadline,
 )
@@ -109,16 +109,7 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
 
 async def _complete(started: StartedTurn, message_id: str) -> HttpResponse:
     blocks = Blocks()
-    finish: FinishEvent | None = None
-    # aclosing: if this view is cancelled (client gone), the generation stops.
-    async with aclosing(started.events) as events:
-        async for event in events:
-            if isinstance(event, FinishEvent):
-                finish = event
-            else:
-                blocks.push(event)
-    if finish is None:
-        raise GenerationFailed("the engine stream ended without a finish event")
+    finish = await one_choice(started.events, blocks.push)
     body = message_json(
         message_id, started.model, blocks.content(finish), finish, usage_json(finish.usage)
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from contextlib import aclosing
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -21,7 +20,13 @@ from inference.engine.types import ContextOverBudget, FinishEvent, GenerationFai
 from inference.ollama import parse, render
 from inference.ollama.render import Answer, Clock, NdjsonResponse, error_response
 from pantheon_platform import shutdown
-from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
+from pantheon_platform.chat_http import (
+    StartedTurn,
+    off_loop,
+    one_choice,
+    start_turn,
+    turn_deadline,
+)
 from pantheon_platform.errors import ApiError, json_response, method_not_allowed, shutting_down
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import LOADING, build_id, get_runtime
@@ -160,16 +165,7 @@ def _keep_alive(started: StartedTurn, ttl: float | None) -> None:
 
 
 async def _complete(started: StartedTurn, answer: Answer, ttl: float | None) -> HttpResponse:
-    finish: FinishEvent | None = None
-    # aclosing: if this view is cancelled (client gone), the generation stops.
-    async with aclosing(started.events) as events:
-        async for event in events:
-            if isinstance(event, FinishEvent):
-                finish = event
-            else:
-                answer.push(event)
-    if finish is None:
-        raise GenerationFailed("the engine stream ended without a finish event")
+    finish = await one_choice(started.events, answer.push)
     _keep_alive(started, ttl)
     return json_response(answer.joined(finish))
 
