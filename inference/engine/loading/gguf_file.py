@@ -199,14 +199,19 @@ class GGUFFile:
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + t.n_elements
         return max(counts, key=counts.__getitem__) if counts else "unknown"
 
+    def stored_bytes(self, name: str) -> int:
+        """Bytes of one tensor as the file stores it."""
+        t = self.tensors[name]
+        block, size = GGML_QUANT_SIZES[t.tensor_type]
+        return t.n_elements // block * size
+
     def block_bytes(self, kernel_types: frozenset[str]) -> int:
         """Bytes of the tensors as a backend with kernels for `kernel_types` holds them:
         those types as the file stores them, every other type as float32."""
         total = 0
-        for t in self.tensors.values():
+        for name, t in self.tensors.items():
             if t.tensor_type.name in kernel_types:
-                block, size = GGML_QUANT_SIZES[t.tensor_type]
-                total += t.n_elements // block * size
+                total += self.stored_bytes(name)
             else:
                 total += t.n_elements * 4
         return total

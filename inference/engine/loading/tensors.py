@@ -13,6 +13,7 @@ from kernels.weights import Weight
 
 from ..types import ModelLoadError
 from .gguf_file import GGUFFile
+from .progress import DEQUANTISE, MAP, LoadReporter
 from .weight_cache import WeightCache
 
 FLOAT_TYPES = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
@@ -29,7 +30,7 @@ class TensorSource:
         self,
         gf: GGUFFile,
         backend: Backend,
-        progress: Callable[[int, int], None] | None = None,
+        progress: LoadReporter | None = None,
         cache: WeightCache | None = None,
         quantize: bool = False,
     ):
@@ -37,8 +38,6 @@ class TensorSource:
         self.backend = backend
         self.progress = progress
         self.cache = cache
-        self.total = len(gf.tensors)
-        self.done = 0
         # Quantised types the backend has no kernel for, dequantised to float32 instead.
         self.fallback: dict[str, int] = {}
         # Float matrices become Q8_0 blocks at load (the `quantize` load option).
@@ -47,10 +46,10 @@ class TensorSource:
     def has(self, name: str) -> bool:
         return self.gf.has_tensor(name)
 
-    def _advance(self, n: int) -> None:
-        self.done += n
+    def _advance(self, names: list[str], phase: str) -> None:
         if self.progress is not None:
-            self.progress(min(self.done, self.total), self.total)
+            nbytes = sum(self.gf.stored_bytes(n) for n in names)
+            self.progress.tensors(len(names), nbytes, phase)
 
     def _require(self, name: str) -> None:
         if not self.gf.has_tensor(name):
@@ -60,13 +59,20 @@ class TensorSource:
         self._require(name)
         return self.gf.load_f32(name)
 
-    def _prepared(self, key: str, build: Callable[[], np.ndarray], n: int) -> np.ndarray:
-        array = build() if self.cache is None else self.cache.get(key, build)
-        self._advance(n)
+    def _prepared(self, key: str, build: Callable[[], np.ndarray], names: list[str]) -> np.ndarray:
+        """Float32 values (or Q8_0 blocks) of `names`: from the weight cache (a map) when it
+        holds them, else built from the file (dequantised)."""
+        if self.cache is None:
+            array, phase = build(), DEQUANTISE
+        else:
+            hits = self.cache.hits
+            array = self.cache.get(key, build)
+            phase = MAP if self.cache.hits > hits else DEQUANTISE
+        self._advance(names, phase)
         return array
 
     def _f32(self, name: str) -> np.ndarray:
-        return self._prepared(name, lambda: self._read(name), 1)
+        return self._prepared(name, lambda: self._read(name), [name])
 
     def vector(self, name: str, optional: bool = False):
         """A norm weight or bias in the backend's memory; None for a missing optional one."""
@@ -93,7 +99,7 @@ class TensorSource:
             for name, qtype in zip(names, qtypes, strict=True):
                 blocks = self.gf.load_blocks(name)
                 parts.append(self.backend.block_weight(blocks, qtype, (len(blocks), cols)))
-            self._advance(len(names))
+            self._advance(names, MAP)
             return parts[0] if len(parts) == 1 else self.backend.stacked_weight(parts)
         for qtype in qtypes:
             if qtype != GGMLQuantizationType.F32:
@@ -101,14 +107,14 @@ class TensorSource:
         if len(names) == 1:
             return self.backend.dense_weight(self._f32(names[0]))
         fused = self._prepared(
-            "+".join(names), lambda: np.concatenate([self._read(n) for n in names]), len(names)
+            "+".join(names), lambda: np.concatenate([self._read(n) for n in names]), names
         )
         return self.backend.dense_weight(fused)
 
     def _quantized(self, name: str, cols: int) -> Weight:
         """A float matrix as Q8_0 blocks (a quarter of float32's bytes, near-lossless)."""
         q8 = GGMLQuantizationType.Q8_0
-        blocks = self._prepared(f"{name}@Q8_0", lambda: quantize(self._read(name), q8), 1)
+        blocks = self._prepared(f"{name}@Q8_0", lambda: quantize(self._read(name), q8), [name])
         return self.backend.block_weight(np.asarray(blocks), q8, (len(blocks), cols))
 
     def fused_bias(self, names: list[str], weights: list[str]):
@@ -126,4 +132,4 @@ class TensorSource:
                 ]
             )
 
-        return self.backend.vector(self._prepared("+".join(names), build, len(present)))
+        return self.backend.vector(self._prepared("+".join(names), build, present))

@@ -31,6 +31,7 @@ from ..decoding.reasoning import is_think_template, thinking_prompt_suffix
 from ..decoding.sampler import Sampler
 from ..decoding.state import DecodeState
 from ..loading.gguf_file import GGUFFile, file_weights_version
+from ..loading.progress import CACHE_WRITE, PARSE, LoadReporter, ProgressCallback, ProgressLog
 from ..loading.weight_cache import WeightCache
 from ..models import WEIGHT_LAYOUT_VERSION, architecture_module
 from ..text.chat_template import ChatTemplate, ChatTemplateError, normalize_messages
@@ -255,22 +256,19 @@ class ModelService:
         self._thread.start()
 
     @classmethod
-    def load(cls, config: ModelConfig) -> ModelService:
+    def load(cls, config: ModelConfig, on_progress: ProgressCallback | None = None) -> ModelService:
         """Open, dequantise and start serving a GGUF. Blocking; raises ModelLoadError.
 
         With `config.weight_cache_dir`, everything derived from the file (its parsed
         header, tokenizer merges, the prepared float32 tensors) comes from the weight cache
-        when a valid entry for these bytes exists, and is stored there when not."""
+        when a valid entry for these bytes exists, and is stored there when not.
+        `on_progress` is called on the loading thread after each step
+        (loading/progress.py); the log gets a progress line every tenth or second."""
         t0 = time.perf_counter()
-        last_logged = [0.0]
-
-        def progress(done: int, total: int) -> None:
-            now = time.perf_counter()
-            if done == total or now - last_logged[0] > 1.0:
-                last_logged[0] = now
-                log.info("%s: tensors %d/%d", config.name, done, total)
-
+        progress = LoadReporter([ProgressLog(config.name), on_progress])
+        progress.phase(PARSE)
         gf, cache = _open_gguf(config)
+        progress.begin(len(gf.tensors), sum(gf.stored_bytes(n) for n in gf.tensors))
         with cache if cache is not None else contextlib.nullcontext():
             arch = architecture_module(gf.architecture)
             try:
@@ -297,6 +295,9 @@ class ModelService:
             except ValueError as exc:
                 raise ModelLoadError(f"{config.name}: {exc}") from None
             model = arch.load(gf, progress, cache, backend=backend, quantize=config.quantize)
+            if cache is not None and cache.misses:
+                progress.phase(CACHE_WRITE)  # published as the block exits
+        progress.finish()
         svc = cls(config, gf, model, tokenizer, template)
         svc.load_seconds = round(time.perf_counter() - t0, 3)
         svc.weight_cache_used = cache is not None and cache.used
