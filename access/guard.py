@@ -45,6 +45,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SCOPE_KEY = "pantheon.key"  # the authenticated key's label, for the access log
 NAMESPACE_KEY = "pantheon.namespace"  # whose sessions it reaches (pantheon_platform/tenancy.py)
+NAMESPACE_HEADER = b"x-pantheon-namespace"  # a router's caller's namespace (namespace_for)
+NAMESPACE_MAX = 256
 KEY_HOWTO = (
     "send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>' (PANTHEON_API_KEY, "
     "PANTHEON_ADMIN_API_KEY, or a key made in the console at /console/)"
@@ -69,7 +71,7 @@ class AccessGuard:
             principal = await admit(scope)
         except Refusal as refusal:
             return await refuse(send, refusal, scope.get("path", ""))
-        scope[NAMESPACE_KEY] = namespace_of(principal)  # in place, before routing copies it
+        scope[NAMESPACE_KEY] = namespace_for(scope, principal)  # in place, before routing
         if principal is None:
             return await self.app(scope, receive, send)
         scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it
@@ -178,6 +180,17 @@ def namespace_of(principal: keys.Principal | None) -> str:
         return "open"
     kind, _, rest = principal.identity.partition(":")
     return f"key:{rest}" if kind == "console" else principal.identity
+
+
+def namespace_for(scope, principal: keys.Principal | None) -> str:
+    """The caller's namespace, or the one a router names in X-Pantheon-Namespace when it
+    forwards a client's request (cluster/dispatch.py): honoured from an admin-scoped key
+    (the router's), or on a server with no key at all (where every caller is "open")."""
+    forwarded = header(scope, NAMESPACE_HEADER)
+    if forwarded and len(forwarded) <= NAMESPACE_MAX:
+        if principal is None or routes.ADMIN in principal.scopes:
+            return forwarded
+    return namespace_of(principal)
 
 
 # Not thread-sensitive: outside Django's per-request context, thread-sensitive calls share

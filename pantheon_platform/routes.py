@@ -22,6 +22,7 @@ OPEN = "open"  # no key needed
 RESTORE_PATH = "/session/restore"
 SESSION_PATHS = frozenset({RESTORE_PATH, "/session/release", "/session/watch", "/session/estimate"})
 EXPORT_PATH = "/admin/session/export"
+REGISTRY_PREFIX = "/registry/"  # a router's (cluster/): instances register and heartbeat
 # Bodies that may be large: a conversation (long prompts) in each wire format, with the
 # spellings without /v1 some clients use, texts to embed or tokenize, and a restore (a KV
 # blob).
@@ -79,8 +80,8 @@ def scope_for(path: str) -> str:
         return SESSIONS
     if path == EXPORT_PATH:
         return SESSION_EXPORT
-    if path == "/admin" or path.startswith("/admin/"):
-        return ADMIN
+    if path == "/admin" or path.startswith(("/admin/", REGISTRY_PREFIX)):
+        return ADMIN  # the router's /registry/ routes: serve instances, with the router key
     return INFERENCE
 
 

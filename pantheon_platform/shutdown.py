@@ -29,6 +29,7 @@ FLUSH_GRACE_S = 0.5  # after the last generation ends, for its final SSE chunks 
 
 _draining = threading.Event()
 _before_exit: list[Callable[[], None]] = []
+_on_drain: list[Callable[[], None]] = []
 
 
 def draining() -> bool:
@@ -36,10 +37,18 @@ def draining() -> bool:
 
 
 def begin_drain() -> None:
-    """Refuse new generations from now on (views and every loaded model)."""
+    """Refuse new generations from now on (views and every loaded model), then run the
+    on-drain hooks (add_on_drain)."""
     _draining.set()
     for svc in _services():
         svc.begin_drain()
+    _run_hooks(_on_drain)
+
+
+def add_on_drain(fn: Callable[[], None]) -> None:
+    """Call `fn()` when a drain begins, before in-flight work is waited for (a serve
+    instance deregisters from its router: cluster/heartbeat.py). An exception is logged."""
+    _on_drain.append(fn)
 
 
 def in_flight() -> int:
@@ -65,11 +74,15 @@ def add_before_exit(fn: Callable[[], None]) -> None:
 
 
 def _run_before_exit() -> None:
-    for fn in list(_before_exit):
+    _run_hooks(_before_exit)
+
+
+def _run_hooks(hooks: list[Callable[[], None]]) -> None:
+    for fn in list(hooks):
         try:
             fn()
         except Exception:
-            log.exception("a before-exit hook failed")
+            log.exception("a shutdown hook failed")
 
 
 def wait_drained(timeout: float, poll: float = 0.05) -> bool:

@@ -35,18 +35,29 @@ threads.configure(settings.PANTHEON_THREADS)
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 
-from operators.store import DatabaseStore  # noqa: E402
-from pantheon_platform.runtime import get_runtime  # noqa: E402
 from pantheon_site import stack  # noqa: E402
-from sessions import persistence as session_persistence  # noqa: E402
 
 django_asgi_app = get_asgi_application()
-runtime = get_runtime()
-runtime.use_store(DatabaseStore())
-session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
-runtime.start_loading()
 
-application = stack.build(django_asgi_app)
+if settings.PANTHEON_ROLE == "router":
+    # No engine: the client routes are forwarded to the registered instances (cluster/).
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+    from cluster.asgi import router_app
+
+    application = stack.wrap(router_app(ASGIStaticFilesHandler(django_asgi_app)))
+else:
+    from cluster import heartbeat
+    from operators.store import DatabaseStore
+    from pantheon_platform.runtime import get_runtime
+    from sessions import persistence as session_persistence
+
+    runtime = get_runtime()
+    runtime.use_store(DatabaseStore())
+    session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
+    runtime.start_loading()
+    application = stack.build(django_asgi_app)
+    heartbeat.install()  # with PANTHEON_ROUTER_URL: register, heartbeat, deregister at stop
 
 from pantheon_platform import shutdown  # noqa: E402
 

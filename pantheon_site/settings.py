@@ -38,6 +38,18 @@ PANTHEON_ALLOWED_ORIGINS  browser origins allowed to make state-changing request
                        the server's own (comma list; "*": any)
 PANTHEON_KEY_MAX_CONCURRENT  requests one key may have in flight (0: no limit)
 PANTHEON_ALLOW_UNAUTHENTICATED  1: start on a non-loopback address with no key configured
+PANTHEON_ROLE          serve (the default: an engine and its routes) or router (no engine:
+                       forwards to the serve instances registered in Redis; cluster/)
+PANTHEON_REDIS_URL     the router's registry and Channels layer (redis://127.0.0.1:6379/0)
+PANTHEON_ROUTER_URL    serve instance: register with this router and heartbeat to it
+PANTHEON_INSTANCE_URL  serve instance: the URL the router reaches it at (default: Daphne's
+                       -b/-p, 127.0.0.1 for a wildcard bind)
+PANTHEON_INSTANCE_ID   serve instance: its name in the registry (default: host:port)
+PANTHEON_ROUTER_KEY    the key the router presents to instances and instances to the router
+PANTHEON_HEARTBEAT_MS  serve instance: milliseconds between heartbeats (2000)
+PANTHEON_HEARTBEAT_TIMEOUT_MS  router: an instance silent this long is dropped (10000)
+PANTHEON_AFFINITY_TTL_MS  router: a session id's instance is remembered this long after its
+                       last turn (the session idle TTL, PN_SESSION_IDLE_TTL_MS)
 """
 
 from __future__ import annotations
@@ -115,6 +127,7 @@ INSTALLED_APPS = [
     "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
     "access",  # API keys and the browser defences (access/guard.py, an ASGI layer)
     "responses_api",  # OpenAI Responses API (/v1/responses) and its stored responses
+    "cluster",  # the router role, the registry client and the instance heartbeat (cluster/)
 ]
 
 MIDDLEWARE = [
@@ -353,3 +366,29 @@ if PANTHEON_KEY_MAX_CONCURRENT < 0:
 # Daphne bound to a non-loopback address with no key configured refuses to start
 # (access/startup.py) unless this is set.
 PANTHEON_ALLOW_UNAUTHENTICATED = env_bool("PANTHEON_ALLOW_UNAUTHENTICATED", False)
+
+
+# --- cluster: the router role and the registry (cluster/) -------------------------------
+PANTHEON_ROLE = env_str("PANTHEON_ROLE", "serve")
+if PANTHEON_ROLE not in ("serve", "router"):
+    raise EnvError(f"PANTHEON_ROLE={PANTHEON_ROLE!r}: expected serve or router")
+PANTHEON_REDIS_URL = env_str("PANTHEON_REDIS_URL", "redis://127.0.0.1:6379/0")
+PANTHEON_ROUTER_URL = env_str("PANTHEON_ROUTER_URL").rstrip("/")
+PANTHEON_INSTANCE_URL = env_str("PANTHEON_INSTANCE_URL").rstrip("/")
+PANTHEON_INSTANCE_ID = env_str("PANTHEON_INSTANCE_ID")
+PANTHEON_ROUTER_KEY = env_str("PANTHEON_ROUTER_KEY")
+PANTHEON_HEARTBEAT_S = env_int("PANTHEON_HEARTBEAT_MS", 2000) / 1000
+PANTHEON_HEARTBEAT_TIMEOUT_S = env_int("PANTHEON_HEARTBEAT_TIMEOUT_MS", 10_000) / 1000
+PANTHEON_AFFINITY_TTL_S = (
+    env_int("PANTHEON_AFFINITY_TTL_MS", 0) / 1000 or PANTHEON_ENGINE_OPTIONS["session_idle_ttl_s"]
+)
+if PANTHEON_HEARTBEAT_S <= 0 or PANTHEON_HEARTBEAT_TIMEOUT_S <= PANTHEON_HEARTBEAT_S:
+    raise EnvError("PANTHEON_HEARTBEAT_TIMEOUT_MS must be more than PANTHEON_HEARTBEAT_MS (> 0)")
+if PANTHEON_ROLE == "router":
+    # A /session/watch or any Channels group held on one router is seen by every router.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [PANTHEON_REDIS_URL]},
+        }
+    }

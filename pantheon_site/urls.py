@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
@@ -5,10 +6,19 @@ from django.views.generic import RedirectView
 from pantheon_platform import errors
 from pantheon_site import openapi
 
+# PANTHEON_ROLE=router: the router's own routes instead of an engine's (cluster/urls.py;
+# the client routes it forwards never reach Django: cluster/asgi.py).
+_ROUTES = (
+    [path("", include("cluster.urls"))]
+    if settings.PANTHEON_ROLE == "router"
+    else [
+        path("", include("inference.urls")),
+        path("", include("operators.urls")),  # /admin/... operator routes (the contract)
+        path("", include("sessions.urls")),  # /session/... and /admin/session/export
+    ]
+)
 urlpatterns = [
-    path("", include("inference.urls")),
-    path("", include("operators.urls")),  # /admin/... operator routes (the contract)
-    path("", include("sessions.urls")),  # /session/... and /admin/session/export
+    *_ROUTES,
     # The Django admin lives at /console/: /admin/... belongs to the operator routes.
     path("console/", admin.site.urls),
     path("console", RedirectView.as_view(url="/console/")),

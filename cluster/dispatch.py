@@ -1,0 +1,329 @@
+"""The router's client routes: each request forwarded to one serve instance and its answer
+passed back as it comes, chunk by chunk (an ASGI app, not a Django view: nothing is
+buffered and nothing per chunk runs but one `send`).
+
+The caller's key was checked by the access guard in front of this app (the router's own
+keys and scopes); the instance is called with the router's key (PANTHEON_ROUTER_KEY) and
+the caller's session namespace in X-Pantheon-Namespace, so each key's sessions stay its
+own on the instances too (access/guard.py honours the header from an admin-scoped key
+only). Where a request goes: cluster/placement.py. A session id's instance is recorded
+when a turn with it succeeds there; a stored response's (/v1/responses) when it is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections import defaultdict
+from urllib.parse import parse_qs
+
+import httpx
+import redis
+from django.conf import settings
+
+from cluster import placement
+from cluster.registry import Instance, get_registry, registry_unavailable
+from pantheon_platform import tenancy
+from pantheon_platform.errors import ApiError, send_asgi_error
+
+log = logging.getLogger("pantheon.cluster")
+
+# Every client route a serve instance has (inference/urls.py, inference/ollama/urls.py,
+# responses_api/urls.py, sessions/urls.py and /session/watch); tests/cluster checks the
+# list against the instance's URL table. The router answers /, /health and /v1/models
+# itself; the instances' operator routes (/admin/...) are reached on each instance.
+FORWARDED_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+        "/tokenize",
+        "/detokenize",
+        "/session/restore",
+        "/session/release",
+        "/session/estimate",
+        "/session/watch",
+    }
+)
+FORWARDED_PREFIXES = ("/v1/responses/", "/api/")
+NAMESPACE_HEADER = "x-pantheon-namespace"  # access.guard.NAMESPACE_HEADER
+
+# Not passed on: the caller's credentials and browser headers (checked here), hop-by-hop.
+DROPPED_REQUEST_HEADERS = frozenset(
+    {
+        "host",
+        "authorization",
+        "x-api-key",
+        "cookie",
+        "origin",
+        "referer",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "te",
+        "upgrade",
+        "proxy-authorization",
+        NAMESPACE_HEADER,
+    }
+)
+DROPPED_RESPONSE_HEADERS = frozenset({b"connection", b"keep-alive", b"transfer-encoding"})
+SESSION_FIELDS = ("session_id", "prompt_cache_key", "promptCacheKey")  # the contract's order
+RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[0-9a-f]+)"')
+RESPONSE_ID_SCAN_BYTES = 64 * 1024
+PARSE_OFF_LOOP_BYTES = 256 * 1024
+INSTANCES_CACHE_S = 0.25  # the live list is read from Redis at most this often
+CONNECT_ATTEMPTS = 3  # an instance that refuses the connection: the next replica
+
+
+def is_forwarded(path: str) -> bool:
+    return path in FORWARDED_PATHS or path.startswith(FORWARDED_PREFIXES)
+
+
+class Target:
+    """What a request is routed by: its model, session and stored response."""
+
+    def __init__(self, scope, body: dict):
+        self.path = scope["path"]
+        self.namespace = tenancy.namespace(scope)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        model = body.get("model") if isinstance(body.get("model"), str) else body.get("name")
+        if not isinstance(model, str) or not model:
+            model = (query.get("name") or [""])[0]
+        self.model = model or None
+        self.session_id = _first_string(
+            [body.get(f) for f in SESSION_FIELDS]
+            + [_header(scope, b"x-session-id"), (query.get("session_id") or [None])[0]]
+        )
+        response_id = None
+        if self.path.startswith("/v1/responses/"):
+            response_id = self.path.removeprefix("/v1/responses/")
+        elif isinstance(body.get("previous_response_id"), str):
+            response_id = body["previous_response_id"]
+        self.response_id = response_id
+        self.makes_response = self.path == "/v1/responses" and scope["method"] == "POST"
+
+
+class Dispatcher:
+    """The ASGI app of the forwarded routes (one per router process)."""
+
+    def __init__(self):
+        self.in_flight: dict[str, int] = defaultdict(int)
+        self._client: httpx.AsyncClient | None = None
+        self._instances: list[Instance] = []
+        self._instances_at = 0.0
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:  # made on the serving loop, on first use
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(connect=5.0, read=None, write=60.0, pool=None),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            )
+        return self._client
+
+    async def instances(self, fresh: bool = False) -> list[Instance]:
+        if fresh or time.monotonic() - self._instances_at > INSTANCES_CACHE_S:
+            self._instances = await asyncio.to_thread(get_registry().instances)
+            self._instances_at = time.monotonic()
+        return self._instances
+
+    async def __call__(self, scope, receive, send):
+        path = scope["path"]
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client left before sending its body
+        try:
+            target = Target(scope, await _json_object(body))
+            await self.forward(scope, receive, send, body, target)
+        except redis.RedisError as exc:
+            error = registry_unavailable(exc)
+            await send_asgi_error(
+                send, error.status, error.message, error.type, _byte_headers(error), path
+            )
+        except ApiError as error:
+            await send_asgi_error(
+                send, error.status, error.message, error.type, _byte_headers(error), path
+            )
+
+    async def place(self, target: Target, exclude: frozenset[str]) -> Instance:
+        instances = await self.instances(fresh=bool(exclude))
+        registry = get_registry()
+        if target.response_id:
+            held = await asyncio.to_thread(
+                registry.response_instance, target.namespace, target.response_id
+            )
+            inst = placement.pinned(instances, held, None)
+            if inst is not None and inst.id not in exclude:
+                return inst
+        if target.session_id:
+            held = await asyncio.to_thread(
+                registry.session_instance, target.namespace, target.session_id
+            )
+            inst = placement.pinned(instances, held, target.model)
+            if inst is not None and inst.id not in exclude:
+                return inst
+        return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
+
+    async def forward(self, scope, receive, send, body: bytes, target: Target) -> None:
+        tried: set[str] = set()
+        while True:
+            inst = await self.place(target, frozenset(tried))
+            request = self.client.build_request(
+                scope["method"],
+                inst.url + _path_and_query(scope),
+                headers=self._headers(scope, target),
+                content=body,
+            )
+            self.in_flight[inst.id] += 1
+            try:
+                try:
+                    upstream = await self.client.send(request, stream=True)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    # Dead but not yet dropped (its heartbeats have not lapsed): the next
+                    # replica. Nothing was sent, so nothing runs twice.
+                    log.warning("instance %s unreachable (%s); trying another", inst.id, exc)
+                    tried.add(inst.id)
+                    if len(tried) >= CONNECT_ATTEMPTS:
+                        raise ApiError(
+                            503,
+                            f"no instance could be reached ({len(tried)} tried)",
+                            "no_live_instance",
+                        ) from None
+                    continue
+                try:
+                    await self._relay(scope, receive, send, upstream, inst, target)
+                finally:
+                    await upstream.aclose()
+                return
+            finally:
+                self.in_flight[inst.id] -= 1
+
+    def _headers(self, scope, target: Target) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (k, v)
+            for k, v in scope.get("headers", ())
+            if k.decode("latin-1").lower() not in DROPPED_REQUEST_HEADERS
+        ]
+        if settings.PANTHEON_ROUTER_KEY:
+            headers.append((b"authorization", f"Bearer {settings.PANTHEON_ROUTER_KEY}".encode()))
+        headers.append((NAMESPACE_HEADER.encode(), target.namespace.encode()))
+        return headers
+
+    async def _relay(self, scope, receive, send, upstream, inst: Instance, target: Target):
+        ok = 200 <= upstream.status_code < 300
+        if ok and target.session_id:
+            await asyncio.to_thread(
+                get_registry().set_session, target.namespace, target.session_id, inst.id
+            )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": upstream.status_code,
+                "headers": [
+                    (k, v)
+                    for k, v in upstream.headers.raw
+                    if k.lower() not in DROPPED_RESPONSE_HEADERS
+                ]
+                + [(b"x-pantheon-instance", inst.id.encode())],
+            }
+        )
+        sniff = ok and target.makes_response
+        pump = asyncio.ensure_future(self._pump(send, upstream, inst, target, sniff))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pump, gone):
+                task.cancel()  # the client left: the stream (and the instance's turn) ends
+            await asyncio.gather(pump, gone, return_exceptions=True)
+        if pump.done() and not pump.cancelled() and pump.exception() is not None:
+            raise pump.exception()
+
+    async def _pump(self, send, upstream, inst: Instance, target: Target, sniff: bool):
+        seen = b""
+        try:
+            async for chunk in upstream.aiter_raw():
+                if sniff:
+                    seen += chunk
+                    found = RESPONSE_ID.search(seen)
+                    if found or len(seen) > RESPONSE_ID_SCAN_BYTES:
+                        sniff = False
+                        if found:
+                            await asyncio.to_thread(
+                                get_registry().set_response,
+                                target.namespace,
+                                found.group(1).decode(),
+                                inst.id,
+                            )
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:  # the instance died mid-answer
+            log.warning("instance %s broke off an answer: %s", inst.id, exc)
+            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                error = {
+                    "error": {
+                        "message": f"instance {inst.id} failed mid-answer",
+                        "type": "instance_failed",
+                    }
+                }
+                event = f"data: {json.dumps(error)}\n\n".encode()
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _read_body(receive) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _json_object(body: bytes) -> dict:
+    """The body as a JSON object for routing, {} when it is not one (the instance answers
+    the 400 in its wire format)."""
+    if not body.strip():
+        return {}
+    try:
+        if len(body) > PARSE_OFF_LOOP_BYTES:
+            data = await asyncio.to_thread(json.loads, body)
+        else:
+            data = json.loads(body)
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _first_string(values: list) -> str | None:
+    return next((v for v in values if isinstance(v, str) and v), None)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _path_and_query(scope) -> str:
+    query = scope.get("query_string", b"")
+    return scope["path"] + ("?" + query.decode("latin-1") if query else "")
+
+
+def _byte_headers(error: ApiError) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode(), str(v).encode()) for k, v in (error.headers or {}).items()]
