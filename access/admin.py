@@ -16,6 +16,7 @@ SCOPE_HELP = {
     "inference": "inference: /v1/... (chat completions, models)",
     "sessions": "sessions: /session/restore, /release, /watch, /estimate",
     "session_export": "session_export: /admin/session/export (returns prompt content)",
+    "metrics": "metrics: GET /metrics (Prometheus; nothing else)",
     "admin": "admin: the operator routes /admin/... (load, unload, pin, aliases)",
 }
 

@@ -336,7 +336,9 @@ async def refuse(send, refusal: Refusal, path: str = "") -> None:
     """The error shape of the route's wire format (the contract's, Anthropic's on
     /v1/messages, Ollama's on /api/), with its CORS and Connection headers."""
     from pantheon_platform.errors import send_asgi_error
+    from pantheon_platform.request_log import note_error
 
+    note_error(refusal.type)  # a 429's reason in the metrics
     await send_asgi_error(
         send, refusal.status, refusal.message, refusal.type, refusal.headers, path=path
     )

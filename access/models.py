@@ -25,7 +25,7 @@ class ApiKey(models.Model):
         default=list,
         validators=[validate_scopes],
         help_text="inference, sessions (restore/release/watch), session_export (leaks "
-        "prompt content), admin",
+        "prompt content), admin, metrics (GET /metrics)",
     )
     max_concurrent = models.PositiveIntegerField(
         null=True,

@@ -28,6 +28,7 @@ from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn,
 from inference.engine.types import FinishEvent, GenerationFailed
 from pantheon_platform import tenancy
 from pantheon_platform.errors import ApiError
+from pantheon_platform.metering import TurnRecord, metered, note_turn
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
 
@@ -98,10 +99,16 @@ class StartedTurn:
     # The engine's events; not started yet: the first `anext` admits the request (and
     # raises its refusals). Close it (aclosing) when done: that stops the generation.
     events: AsyncIterator
+    record: TurnRecord  # what the metrics and usage stats read (pantheon_platform.metering)
 
     @property
     def session_id(self) -> str | None:
         return self.prepared.turn.session_id
+
+    def rerun(self, prepared: PreparedTurn) -> StartedTurn:
+        """The turn started again as `prepared` (the old events closed, never admitted),
+        metered in the same record."""
+        return replace(self, prepared=prepared, events=_events(self.record, self.svc, prepared))
 
 
 async def start_turn(
@@ -124,7 +131,16 @@ async def start_turn(
     turn = replace(turn, session_id=key)
     options = chat_options()
     prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, options))
-    return StartedTurn(name, svc, prepared, run_turn(svc, prepared))
+    record = TurnRecord(name, len(prepared.request.prompt_ids))
+    note_turn(request, record)
+    return StartedTurn(name, svc, prepared, _events(record, svc, prepared), record)
+
+
+def _events(record: TurnRecord, svc, prepared: PreparedTurn) -> AsyncIterator:
+    """The turn's engine events, kept in `record` for the metrics unless they are off
+    (PANTHEON_METRICS=0: the events as the engine gives them)."""
+    events = run_turn(svc, prepared)
+    return metered(record, events) if getattr(settings, "PANTHEON_METRICS", True) else events
 
 
 async def one_choice(events: AsyncIterator, on_token: Callable[[object], object]) -> FinishEvent:

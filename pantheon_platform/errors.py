@@ -30,6 +30,7 @@ from inference.engine.types import (
     WatchUnavailable,
     WeightsVersionMismatch,
 )
+from pantheon_platform.request_log import note_error
 from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded
 
 log = logging.getLogger("pantheon.http")
@@ -163,10 +164,17 @@ def _retry_after(seconds: int | None) -> dict[str, str]:
 
 
 def api_error_from(exc: Exception, *, stream: bool = False) -> ApiError:
-    """The contract's status and type for an exception out of the runtime or the engine.
+    """The contract's status and type for an exception out of the runtime or the engine,
+    noted for the request's access-log record (a 429's reason in the metrics).
 
     Unknown exceptions become a bare 500 (logged with the traceback by the caller).
     """
+    error = _error_from(exc, stream)
+    note_error(error.type)
+    return error
+
+
+def _error_from(exc: Exception, stream: bool) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, SuspiciousOperation):

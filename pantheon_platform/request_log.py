@@ -9,8 +9,32 @@ pantheon_site, so the apps import nothing from the project package.
 from __future__ import annotations
 
 import hashlib
+from contextvars import ContextVar
 
 SCOPE_KEY = "pantheon.log"  # the scope entry the access log reads (a dict)
+ERROR_KEY = "error"  # in that dict: the type of the error the request was answered with
+
+# The same dict, for code that holds no request (errors.api_error_from, the access guard):
+# bound by the access log around the request, so its tasks and threads see it.
+_current: ContextVar[dict | None] = ContextVar("pantheon_request_log", default=None)
+
+
+def bind(fields: dict):
+    """Make `fields` the current request's dict (the access log); returns the token to
+    reset it with."""
+    return _current.set(fields)
+
+
+def unbind(token) -> None:
+    _current.reset(token)
+
+
+def note_error(type_: str) -> None:
+    """The error type the current request is answered with (the reason a 429 is counted
+    under in the metrics). Nothing outside a request."""
+    fields = _current.get()
+    if fields is not None:
+        fields[ERROR_KEY] = type_
 
 
 def session_hash(session_id: str) -> str:

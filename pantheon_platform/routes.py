@@ -14,14 +14,17 @@ alike.
 from __future__ import annotations
 
 # Scopes a key may carry (access/models.py). `session_export` is its own scope because an
-# export returns the conversation's tokens, i.e. the prompts.
+# export returns the conversation's tokens, i.e. the prompts. `metrics`: a Prometheus
+# scraper's key reads GET /metrics and nothing else.
 INFERENCE, SESSIONS, SESSION_EXPORT, ADMIN = "inference", "sessions", "session_export", "admin"
-SCOPES = (INFERENCE, SESSIONS, SESSION_EXPORT, ADMIN)
+METRICS = "metrics"
+SCOPES = (INFERENCE, SESSIONS, SESSION_EXPORT, ADMIN, METRICS)
 OPEN = "open"  # no key needed
 
 RESTORE_PATH = "/session/restore"
 SESSION_PATHS = frozenset({RESTORE_PATH, "/session/release", "/session/watch", "/session/estimate"})
 EXPORT_PATH = "/admin/session/export"
+METRICS_PATH = "/metrics"
 REGISTRY_PREFIX = "/registry/"  # a router's (cluster/): instances register and heartbeat
 # Bodies that may be large: a conversation (long prompts) in each wire format, with the
 # spellings without /v1 some clients use, texts to embed or tokenize, and a restore (a KV
@@ -80,6 +83,8 @@ def scope_for(path: str) -> str:
         return SESSIONS
     if path == EXPORT_PATH:
         return SESSION_EXPORT
+    if path == METRICS_PATH:
+        return METRICS
     if path == "/admin" or path.startswith(("/admin/", REGISTRY_PREFIX)):
         return ADMIN  # the router's /registry/ routes: serve instances, with the router key
     return INFERENCE

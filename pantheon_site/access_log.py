@@ -26,7 +26,7 @@ import re
 import time
 from datetime import UTC, datetime
 
-from pantheon_platform.request_log import SCOPE_KEY
+from pantheon_platform.request_log import SCOPE_KEY, bind, unbind
 
 log = logging.getLogger("pantheon.access")
 
@@ -56,28 +56,52 @@ class AccessLog:
             await send(message)
 
         failed = False
+        token = bind(noted)  # for the code that notes an error without the request
         try:
             await self.app(scope, receive, counting_send)
         except BaseException:
             failed = True  # the server answers 500 (or the client is gone): log, re-raise
             raise
         finally:
-            try:
-                log.info(_line(scope, noted, state, failed, time.perf_counter() - t0))
-            except Exception:  # the log must never be why a request fails
-                logging.getLogger("pantheon.http").exception("access log line failed")
+            unbind(token)
+            write(scope, noted, state, failed, time.perf_counter() - t0)
 
 
-def _line(scope: dict, noted: dict, state: dict, failed: bool, seconds: float) -> str:
+def write(scope: dict, noted: dict, state: dict, failed: bool, seconds: float) -> None:
+    """The request's log line, and its counts in the metrics and usage stats
+    (observability.recording). Never raises: neither may be why a request fails."""
+    route = "unmatched"
+    try:
+        route = route_of(scope.get("path", ""))
+        log.info(_line(scope, noted, state, failed, seconds, route))
+    except Exception:
+        logging.getLogger("pantheon.http").exception("access log line failed")
+    from observability import recording
+
+    recording.request_ended(
+        route=route,
+        status=_status(state, failed),
+        key=key_label(scope.get(KEY_SCOPE)) or "",
+        noted=noted,
+        seconds=seconds,
+    )
+
+
+def _status(state: dict, failed: bool) -> int | None:
     status = state["status"]
-    if status is None and failed:
-        status = 500
+    return 500 if status is None and failed else status
+
+
+def _line(
+    scope: dict, noted: dict, state: dict, failed: bool, seconds: float, route: str | None = None
+) -> str:
+    status = _status(state, failed)
     method = scope.get("method", "")
     line = {
         # When the response ended, UTC to the millisecond (the line is written then).
         "ts": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "method": method if _METHOD.fullmatch(method) else "other",
-        "route": route_of(scope.get("path", "")),
+        "route": route if route is not None else route_of(scope.get("path", "")),
         "status": status,
         "bytes": state["bytes"],
         "duration_ms": round(seconds * 1000, 1),

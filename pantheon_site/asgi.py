@@ -48,6 +48,7 @@ if settings.PANTHEON_ROLE == "router":
     application = stack.wrap(router_app(ASGIStaticFilesHandler(django_asgi_app)))
 else:
     from cluster import heartbeat
+    from observability import metrics, series
     from operators.store import DatabaseStore
     from pantheon_platform.runtime import get_runtime
     from sessions import persistence as session_persistence
@@ -56,9 +57,14 @@ else:
     runtime.use_store(DatabaseStore())
     session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
     runtime.start_loading()
+    series.start(metrics.REGISTRY)  # the console dashboard's points, read every 2 s
     application = stack.build(django_asgi_app)
     heartbeat.install()  # with PANTHEON_ROUTER_URL: register, heartbeat, deregister at stop
 
 from pantheon_platform import shutdown  # noqa: E402
 
 shutdown.install()  # SIGTERM: drain in-flight generations, then exit 0 (pantheon_platform/shutdown.py)
+
+from observability import usage  # noqa: E402
+
+usage.start_flusher()  # usage stats: buffered counts written every few seconds (observability/usage.py)

@@ -127,15 +127,11 @@ def _abort(transport) -> None:
 
 
 def _log_refusal(method: str, path: str, status: int, size: int, started: float, key=None):
-    from pantheon_site.access_log import _line
-    from pantheon_site.access_log import log as access_log
+    from pantheon_site.access_log import write
 
     scope = {"method": method, "path": path, "pantheon.key": key}
     state = {"status": status, "bytes": size, "ended": True}
-    try:
-        access_log.info(_line(scope, {}, state, False, time.perf_counter() - started))
-    except Exception:  # the log must never be why a request fails
-        log.exception("access log line failed")
+    write(scope, {}, state, False, time.perf_counter() - started)
 
 
 def _bad_request(channel, message: str | None = None) -> None:

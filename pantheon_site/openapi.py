@@ -22,6 +22,7 @@ import inference.anthropic.openapi as anthropic_openapi
 import inference.ollama.openapi as ollama_openapi
 import inference.openapi as inference_openapi
 import inference.textapi.openapi as textapi_openapi
+import observability.openapi as observability_openapi
 import operators.openapi as operators_openapi
 import responses_api.openapi as responses_openapi
 import sessions.openapi as sessions_openapi
@@ -52,6 +53,7 @@ PIECES = (
     textapi_openapi,  # /v1/completions, /v1/embeddings, /tokenize, /detokenize
     anthropic_openapi,  # /v1/messages, /v1/messages/count_tokens
     ollama_openapi,  # /api/chat, /api/generate, /api/tags, ... (Ollama's)
+    observability_openapi,  # /metrics, /admin/stats
 )
 
 

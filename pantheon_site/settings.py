@@ -31,6 +31,10 @@ PANTHEON_KEY_MAX_SESSIONS  session ids one API key may hold per model (0: max_se
 PANTHEON_KEY_MAX_WATCHES   session watches one API key may hold per model (0: half, as above)
 PANTHEON_MAX_MESSAGES  `messages` a chat request may hold (4096)
 PANTHEON_MAX_TOOLS     `tools` a chat request may offer (128)
+PANTHEON_METRICS       0: no metrics or usage stats are counted, GET /metrics is 404 (1)
+PANTHEON_STATS_RETENTION_DAYS  usage stats older than this are kept per day, not per hour (7)
+PANTHEON_STATS_DAYS_KEPT  usage stats (per day) older than this are deleted (365)
+PROMETHEUS_MULTIPROC_DIR  several server processes: a folder they share their metrics in
 PANTHEON_API_KEY       key for the client routes (inference, sessions); alone, also the
                        operator routes (unset: no key, unless console keys exist)
 PANTHEON_ADMIN_API_KEY key for every route, operator routes and session export included
@@ -127,6 +131,7 @@ INSTALLED_APPS = [
     "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
     "access",  # API keys and the browser defences (access/guard.py, an ASGI layer)
     "responses_api",  # OpenAI Responses API (/v1/responses) and its stored responses
+    "observability",  # GET /metrics (Prometheus) and the usage stats (GET /admin/stats)
     "cluster",  # the router role, the registry client and the instance heartbeat (cluster/)
 ]
 
@@ -347,6 +352,17 @@ PANTHEON_NO_THINK = env_bool("PANTHEON_NO_THINK", False)
 PANTHEON_TOOL_GRAMMAR = (
     env_bool("PANTHEON_TOOL_GRAMMAR", False) if env_str("PANTHEON_TOOL_GRAMMAR") else None
 )
+
+
+# --- observability: metrics and usage stats (observability/) -------------------------------
+# Counters, histograms and the usage stats are kept unless this is off.
+PANTHEON_METRICS = env_bool("PANTHEON_METRICS", True)
+# Usage stats: kept per hour for this many days, then per day; days past the second bound
+# are deleted.
+PANTHEON_STATS_RETENTION_DAYS = env_int("PANTHEON_STATS_RETENTION_DAYS", 7)
+PANTHEON_STATS_DAYS_KEPT = env_int("PANTHEON_STATS_DAYS_KEPT", 365)
+if not 1 <= PANTHEON_STATS_RETENTION_DAYS <= PANTHEON_STATS_DAYS_KEPT:
+    raise EnvError("PANTHEON_STATS_RETENTION_DAYS must be >= 1 and <= PANTHEON_STATS_DAYS_KEPT")
 
 
 # --- access: API keys and browser defences (access/, pantheon_platform/routes.py) ----------

@@ -15,6 +15,7 @@ _ROUTES = (
         path("", include("inference.urls")),
         path("", include("operators.urls")),  # /admin/... operator routes (the contract)
         path("", include("sessions.urls")),  # /session/... and /admin/session/export
+        path("", include("observability.urls")),  # /metrics and /admin/stats
     ]
 )
 urlpatterns = [

@@ -28,7 +28,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from inference.engine.chat import InvalidTurn, Turn, run_turn
+from inference.engine.chat import InvalidTurn, Turn
 from inference.engine.types import FinishEvent, GenerationFailed, SessionCapacity
 from pantheon_platform import shutdown, tenancy
 from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
@@ -148,7 +148,7 @@ async def _first_event(started: StartedTurn, fallback: bool):
             request=replace(started.prepared.request, session_id=None),
             turn=replace(started.prepared.turn, session_id=None),
         )
-        started = replace(started, prepared=prepared, events=run_turn(started.svc, prepared))
+        started = started.rerun(prepared)
         first = await anext(started.events, None)
     except BaseException:
         await started.events.aclose()

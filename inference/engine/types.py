@@ -159,6 +159,12 @@ class FinishEvent:
     tool_calls: tuple = ()  # tool_dialects.ParsedCall: the calls parsed from the answer
     tool_call_errors: tuple = ()  # tool_dialects.CallError: calls started, not finished
     stop_sequence: str = ""  # the stop string that ended the choice ("" for none)
+    # The engine's clock, for metrics (seconds): the request's wait in the queue before its
+    # slots were given, from its arrival at the engine to this choice's first token, and
+    # from that token to this finish.
+    queue_wait_s: float = 0.0
+    first_token_s: float = 0.0
+    decode_s: float = 0.0
 
 
 class EngineError(Exception):

@@ -138,7 +138,8 @@ def test_paths_are_the_url_tables(monkeypatch, empty_runtime):
     assert set(table) == set(openapi._document(True)["paths"])
 
 
-def test_methods_are_what_each_route_answers(http, monkeypatch, empty_runtime):
+def test_methods_are_what_each_route_answers(http, monkeypatch, empty_runtime, db):
+    # db: GET /admin/stats reads the usage stats
     paths = openapi.document()["paths"]
     channels = channels_routes(monkeypatch)
     for path in django_routes():

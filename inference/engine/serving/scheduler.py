@@ -381,6 +381,16 @@ class Scheduler:
         """Sequences holding a slot."""
         return self.n_slots - len(self._free)
 
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions the sequences holding a slot fill now: the prompt written so far
+        and the tokens decoded since."""
+        return sum(
+            seq.group.prefilled + max(0, seq.n_out - 1)
+            for seq in self._seqs.values()
+            if seq.slot >= 0
+        )
+
     def steps_until_a_slot_frees(self) -> int:
         """Upper bound on the steps before some slot is free (0 when one is free): a slot
         whose group has choices waiting frees only after they ran too."""

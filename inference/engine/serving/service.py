@@ -20,7 +20,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernels import get_backend, threads
@@ -140,6 +140,9 @@ class _Request:
     group_id: int = 0
     closed: bool = False  # its client is gone (or it failed): drop its events
     resume: Resume = Resume()  # where its prompt resumed from (session turns)
+    # time.monotonic() when it reached the engine and when its slots were given (metrics)
+    arrived_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None
 
 
 @dataclass(eq=False)
@@ -151,6 +154,7 @@ class _Choice:
     state: DecodeState  # how its next token is chosen
     out: ChoiceOutput  # what its tokens become for the client
     stopped: str | None = None  # the reason it was ended early (stop string, loop, grammar)
+    first_token_at: float | None = None  # time.monotonic() of its first sampled token
 
     @property
     def token_ids(self) -> list[int]:
@@ -344,6 +348,17 @@ class ModelService:
     @property
     def queued(self) -> int:
         return self.scheduler.queued
+
+    @property
+    def slots_busy(self) -> int:
+        """Sequences holding a KV slot now."""
+        return self.scheduler.running
+
+    @property
+    def kv_tokens_used(self) -> int:
+        """KV positions the running sequences fill (of max_concurrent x context_window)."""
+        with self._lock:
+            return self.scheduler.kv_tokens
 
     @property
     def busy(self) -> bool:
@@ -740,6 +755,8 @@ class ModelService:
             req = self._requests.get(started.group_id)
             if req is None:
                 continue
+            if req.admitted_at is None:
+                req.admitted_at = time.monotonic()
             request = req.request
             params = request.params
             plan = request.constraint
@@ -842,6 +859,8 @@ class ModelService:
         ch = self._choices.get(event.seq_id)
         if ch is None or ch.stopped or ch.req.closed:
             return
+        if ch.first_token_at is None:
+            ch.first_token_at = time.monotonic()
         token_event, end = ch.out.push(event.token_id)
         if token_event is not None:
             ch.req.emit(token_event)
@@ -884,6 +903,7 @@ class ModelService:
             tool_calls=ch.out.parsed_calls,
             tool_call_errors=ch.out.call_errors,
             stop_sequence=ch.out.stops.matched if ch.out.stopped_by_string else "",
+            **_timings(ch),
         )
         # The answer's schema check (response_format) runs off this thread: the finish
         # leaves once it is settled, at once when there is nothing to check.
@@ -974,6 +994,20 @@ class ModelService:
             self.stats.decode_tok_per_s = t.decode_rows / t.decode_s
             prev = self.stats.decode_step_s
             self.stats.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s
+
+
+def _timings(ch: _Choice) -> dict[str, float]:
+    """A finishing choice's times for its FinishEvent (queue_wait_s, first_token_s,
+    decode_s); a choice that sampled no token has a first token "now"."""
+    now = time.monotonic()
+    req = ch.req
+    first = ch.first_token_at if ch.first_token_at is not None else now
+    admitted = req.admitted_at if req.admitted_at is not None else req.arrived_at
+    return {
+        "queue_wait_s": admitted - req.arrived_at,
+        "first_token_s": first - req.arrived_at,
+        "decode_s": now - first,
+    }
 
 
 def _settle(future: Future, result: object = None, error: Exception | None = None) -> None:
