@@ -3,8 +3,12 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from observability import dashboard
 from pantheon_platform import errors
 from pantheon_site import openapi
+
+# The console's index is the live dashboard (observability/dashboard.py).
+admin.site.index_template = dashboard.INDEX_TEMPLATE
 
 # PANTHEON_ROLE=router: the router's own routes instead of an engine's (cluster/urls.py;
 # the client routes it forwards never reach Django: cluster/asgi.py).
@@ -20,6 +24,12 @@ _ROUTES = (
 )
 urlpatterns = [
     *_ROUTES,
+    # The dashboard's data, behind the console's staff session like every console page.
+    path(
+        "console/dashboard.json",
+        admin.site.admin_view(dashboard.dashboard_data),
+        name="console-dashboard",
+    ),
     # The Django admin lives at /console/: /admin/... belongs to the operator routes.
     path("console/", admin.site.urls),
     path("console", RedirectView.as_view(url="/console/")),

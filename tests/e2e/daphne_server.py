@@ -48,13 +48,15 @@ def running_server(
     wait_for: list[str] | None = None,
     bind: str = "127.0.0.1",
     daphne_args: list[str] | None = None,
+    app: str = "pantheon_site.asgi:application",
     **env_extra: str,
 ) -> Iterator[Server]:
     """Yield a Server once every model in `models` (or the names in `wait_for`) is loaded;
     kill it afterwards. `models` becomes PANTHEON_MODELS, which seeds an empty database:
     a second server on the same data dir loads what the first had loaded instead. `bind`:
     Daphne's -b (the server is still reached through 127.0.0.1); `daphne_args`: more of
-    Daphne's options (e.g. ["-v", "2"])."""
+    Daphne's options (e.g. ["-v", "2"]); `app`: the ASGI application Daphne serves (a
+    test's wrapper around the server's)."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
@@ -79,7 +81,7 @@ def running_server(
         proc = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", bind, "-p", str(port)]
             + list(daphne_args or [])
-            + ["pantheon_site.asgi:application"],
+            + [app],
             cwd=REPO_ROOT,
             env=env,
             stdout=log_file,
