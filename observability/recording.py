@@ -58,7 +58,7 @@ def _record(route: str, status: int | None, key: str, noted: dict, seconds: floa
     counts = usage.Counts(requests=1, errors=int(status is None or status >= 400))
     for turn in turns:
         _record_turn(turn, arrived, counts)
-    if turns:
+    if any(turn.finishes or turn.streamed for turn in turns):  # refused ones did not run
         metrics.REQUEST_DURATION.labels(turns[0].model).observe(seconds)
     if turns or route in GENERATION_ROUTES:
         model = turns[0].model if turns else noted.get("model", "")
