@@ -63,7 +63,7 @@ def _since(value: str) -> float | None:
 
 def _no_sampler() -> dict:
     """The shape of a snapshot where the sampler does not run (a management shell,
-    the Django test client, multiprocess metrics): no points."""
+    the Django test client): no points."""
     return series.Sampler(registry=None).snapshot()
 
 

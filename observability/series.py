@@ -229,13 +229,11 @@ _sampler: Sampler | None = None
 _start_lock = threading.Lock()
 
 
-def start(registry, interval_s: float = INTERVAL_S) -> Sampler | None:
-    """Start the server's sampler thread on `registry` (once; later calls return it).
-    None (multiprocess metrics, observability.metrics.REGISTRY is None): no series."""
+def start(registry, interval_s: float = INTERVAL_S) -> Sampler:
+    """Start the server's sampler thread on `registry` (observability.metrics.
+    scrape_registry(): what a scrape reads, every process's under multiprocess mode);
+    once, later calls return it."""
     global _sampler
-    if registry is None:
-        log.warning("dashboard: no series under PROMETHEUS_MULTIPROC_DIR (no registry to read)")
-        return None
     with _start_lock:
         if _sampler is None:
             _sampler = Sampler(registry)

@@ -57,7 +57,7 @@ else:
     runtime.use_store(DatabaseStore())
     session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
     runtime.start_loading()
-    series.start(metrics.REGISTRY)  # the console dashboard's points, read every 2 s
+    series.start(metrics.scrape_registry())  # the console dashboard's points, every 2 s
     application = stack.build(django_asgi_app)
     heartbeat.install()  # with PANTHEON_ROUTER_URL: register, heartbeat, deregister at stop
 

@@ -98,6 +98,7 @@ def test_the_console_index_charts_live_traffic_and_a_load_in_progress(tmp_path, 
                 page.click("input[type=submit]")
                 page.wait_for_selector(f'section[data-model="{MODEL}"]')
                 assert "Model configs" in page.content()  # the app list is still there
+                page.evaluate("window.notReloaded = true")  # gone if the page reloads
 
                 # The held load: a bar, part way.
                 page.wait_for_function(f"({PROGRESS})('{HELD}') >= 0.25", timeout=WAIT_MS)
@@ -122,6 +123,7 @@ def test_the_console_index_charts_live_traffic_and_a_load_in_progress(tmp_path, 
                     f'section[data-model="{HELD}"] .dash-state', has_text="loaded"
                 ).wait_for(timeout=WAIT_MS)
                 assert page.evaluate(PROGRESS, HELD) is None  # no bar once loaded
+                assert page.evaluate("window.notReloaded") is True
 
                 page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
                 chart = page.locator(f'section[data-model="{MODEL}"] figure').first
