@@ -50,7 +50,7 @@ class StatsView(APIView):
         if start and end and end <= start:
             raise invalid_request("`to` must be after `from`", "to")
         group_by = _group_by(request.query_params.get("group_by"))
-        usage.flush()
+        usage.flush_quietly()  # a failed write is logged; what is stored is still answered
         rows = UsageBucket.objects.all()
         if start:
             rows = rows.filter(start__gte=start)

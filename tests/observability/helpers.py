@@ -38,9 +38,11 @@ def moved(before: dict, after: dict, name: str, **labels) -> float:
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
-async def stats(app, query: str = "", key: str = ADMIN_KEY) -> dict:
+async def stats(app, query: str = "", key: str | None = ADMIN_KEY) -> dict:
     """GET /admin/stats: {(key, model): row} for the default grouping."""
-    raw = await request(app, "GET", "/admin/stats", headers=bearer(key), query=query)
+    raw = await request(
+        app, "GET", "/admin/stats", headers=bearer(key) if key else None, query=query
+    )
     assert raw.status == 200, raw.body[:300]
     body = raw.json()
     return {(row["key"], row["model"]): row for row in body["data"]}
