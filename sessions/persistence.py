@@ -14,6 +14,9 @@ filesystem-safe plus a short hash of the exact name, so two names never share a 
   the writer thread then writes that session's conversations (those not already on disk)
   atomically and deletes its files past the count it holds, or all of them when the
   session is gone. A session noted again before the writer reached it is written once.
+  A note waits until its model has been left idle WRITE_AFTER_S after it (a client's next
+  turn usually comes sooner: encoding and writing tens of MB beside that turn's prefill
+  slowed its first token), and never longer than WRITE_WITHIN_S.
   So a SIGKILL loses at most a session's last turn (one still queued or being written).
 - Shutdown (`spill_on_exit`, an pantheon_platform.shutdown before-exit hook, after the drain):
   the writer stops; every conversation of every served model is written atomically (temp
@@ -66,6 +69,12 @@ from sessions.spill_files import (
 )
 
 log = logging.getLogger("pantheon.sessions")
+
+# A parked session is written once its model has been idle this long after the park...
+WRITE_AFTER_S = 0.5
+# ...or this long after the park, busy or not.
+WRITE_WITHIN_S = 3.0
+_POLL_S = 0.05  # how often a busy model is looked at again
 
 
 def _index(path: Path) -> int | None:
@@ -199,8 +208,9 @@ class DurableWriter:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        # (id(svc), key) -> (folder, svc); insertion order is the write order
-        self._pending: dict[tuple[int, SessionKey], tuple[Path, object]] = {}
+        # (id(svc), key) -> (folder, svc, noted at); insertion order is the write order
+        self._pending: dict[tuple[int, SessionKey], tuple[Path, object, float]] = {}
+        self._urgent = False  # flush(): write what is queued now, idle or not
         self._current: int | None = None  # id(svc) of the write in progress
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -233,7 +243,7 @@ class DurableWriter:
         with self._cond:
             if self._stopped:
                 return
-            self._pending.setdefault((id(svc), key), (folder, svc))
+            self._pending.setdefault((id(svc), key), (folder, svc, time.monotonic()))
             self._cond.notify()
 
     def detach(self, svc) -> None:
@@ -252,11 +262,16 @@ class DurableWriter:
         """Wait until every queued write is done; False if that took past `timeout`."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._pending or self._current is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
+            self._urgent = True
+            self._cond.notify_all()
+            try:
+                while self._pending or self._current is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+            finally:
+                self._urgent = False
         return True
 
     def stop(self) -> None:
@@ -278,14 +293,33 @@ class DurableWriter:
 
     # --- the writer thread ---
 
+    def _wait_s(self, svc, noted_at: float) -> float:
+        """How long the oldest note should still wait (0: write it now)."""
+        if self._urgent:
+            return 0.0
+        age = time.monotonic() - noted_at
+        if age >= WRITE_WITHIN_S:
+            return 0.0
+        if age < WRITE_AFTER_S:
+            return WRITE_AFTER_S - age
+        return _POLL_S if getattr(svc, "busy", False) else 0.0
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._stopped:
-                    self._cond.wait()
+                while not self._stopped:
+                    if self._pending:
+                        _, (_, svc, noted_at) = next(iter(self._pending.items()))
+                        wait = self._wait_s(svc, noted_at)
+                        del svc
+                        if wait <= 0:
+                            break
+                        self._cond.wait(wait)
+                    else:
+                        self._cond.wait()
                 if self._stopped:
                     return
-                (svc_id, key), (folder, svc) = next(iter(self._pending.items()))
+                (svc_id, key), (folder, svc, _) = next(iter(self._pending.items()))
                 del self._pending[(svc_id, key)]
                 self._current = svc_id
             try:

@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,41 @@ def test_an_unloaded_model_s_sessions_come_back_with_its_next_load(
     assert held(svc) == {"kept": [history]}
     _, usage = turn(svc, [*history, 7], "kept", max_tokens=1)
     assert usage.cached_tokens == len(history)
+
+
+def test_the_background_write_waits_for_the_next_turn_then_writes_the_newest(svc, tmp_path):
+    """A parked session is not written while its client's next turn may be on the way
+    (WRITE_AFTER_S), so that turn's prefill never shares the CPU with the write; the turn
+    that comes re-notes the session and one write holds its newest conversation."""
+    writer = persistence.DurableWriter()
+    folder = tmp_path / "model"
+    writer.attach(svc, folder)
+    try:
+        prompt = svc.encode_chat(PIRATE)
+        first, _ = turn(svc, prompt, session_id="sea")
+        assert not folder.exists() or spill_files(folder) == []  # not yet: within the delay
+        turn(svc, [*prompt, *first, *svc.encode_chat(CHEF)[1:]], session_id="sea")
+        deadline = time.monotonic() + persistence.WRITE_WITHIN_S + 30
+        while spill_files(folder) != [f"{file_stem('sea')}-0{SUFFIX}"]:
+            assert time.monotonic() < deadline, spill_files(folder) if folder.exists() else None
+            time.sleep(0.02)
+        header = session_blob.read_header((folder / spill_files(folder)[0]).read_bytes())
+        assert tuple(header["tokens"]) == held(svc)["sea"][-1]
+    finally:
+        writer.detach(svc)
+        writer.stop()
+
+
+def test_flush_writes_at_once_whatever_the_delay(svc, tmp_path):
+    writer = persistence.DurableWriter()
+    folder = tmp_path / "model"
+    writer.attach(svc, folder)
+    try:
+        turn(svc, svc.encode_chat(CHEF), session_id="soup")
+        started = time.monotonic()
+        assert writer.flush(timeout=30)
+        assert time.monotonic() - started < persistence.WRITE_AFTER_S + 5
+        assert len(spill_files(folder)) == 1
+    finally:
+        writer.detach(svc)
+        writer.stop()
