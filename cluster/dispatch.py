@@ -170,7 +170,14 @@ class Dispatcher:
             inst = placement.pinned(instances, held, target.model)
             if inst is not None and inst.id not in exclude:
                 return inst
-        return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
+        try:
+            return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
+        except ApiError:
+            if time.monotonic() - self._instances_at < 0.01:
+                raise
+            # The cached list may predate a registration or a freed replica: read it again.
+            instances = await self.instances(fresh=True)
+            return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
 
     async def forward(self, scope, receive, send, body: bytes, target: Target) -> None:
         tried: set[str] = set()

@@ -133,6 +133,7 @@ def install() -> Heartbeat | None:
     and deregister when a graceful stop begins."""
     if not settings.PANTHEON_ROUTER_URL:
         return None
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat
     url = instance_url()
     beat = Heartbeat(
         settings.PANTHEON_ROUTER_URL,

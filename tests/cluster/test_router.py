@@ -1,0 +1,306 @@
+"""The router end to end: real Redis, real serve instances (SmolLM2), a real router, all on
+loopback (tests/cluster/conftest.py). The tests run in file order on one cluster: the
+later ones drain, kill and restart its processes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.cluster.conftest import ADMIN_KEY, CLIENT_KEY, HEARTBEAT_TIMEOUT_MS
+from tests.conftest import SMOLLM2_NAME
+
+pytestmark = pytest.mark.timeout(300)
+
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+FOLLOW_UP = {"role": "user", "content": "And one more?"}
+
+
+def chat(cluster, messages, *, session_id=None, max_tokens=8, via=None, **extra):
+    """A greedy chat turn through the router (or straight to `via`, an instance URL)."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra}
+    if session_id:
+        body["session_id"] = session_id
+    url = (via or cluster.router_url) + "/v1/chat/completions"
+    reply = httpx.post(url, json=body, headers=cluster.headers(CLIENT_KEY), timeout=120)
+    assert reply.status_code == 200, reply.text
+    return reply
+
+
+def answer(reply) -> str:
+    return reply.json()["choices"][0]["message"]["content"]
+
+
+def cached(reply) -> int:
+    return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def two_turns(cluster, session_id, via=None):
+    """Turn 1 and turn 2 of one conversation: (reply 1, reply 2)."""
+    first = chat(cluster, QUESTION, session_id=session_id, via=via)
+    history = [*QUESTION, {"role": "assistant", "content": answer(first)}, FOLLOW_UP]
+    return first, chat(cluster, history, session_id=session_id, via=via)
+
+
+def turn_two(cluster, first, session_id, via=None):
+    history = [*QUESTION, {"role": "assistant", "content": answer(first)}, FOLLOW_UP]
+    return chat(cluster, history, session_id=session_id, via=via)
+
+
+def report(inst_id: str, url: str, **model) -> dict:
+    """A registration as an instance sends it (cluster/reports.py)."""
+    row = {
+        "id": SMOLLM2_NAME,
+        "max_concurrent": 2,
+        "free_slots": 2,
+        "queue_depth": 0,
+        "queue_capacity": 4,
+        "sessions": 0,
+        **model,
+    }
+    return {"id": inst_id, "url": url, "started_at": time.time(), "models": [row]}
+
+
+# ---- the registry and /v1/models ----------------------------------------------------------
+
+
+def test_models_aggregate_the_live_replicas_as_the_contract_says(cluster):
+    rows = cluster.models()
+    assert set(rows) == {SMOLLM2_NAME}
+    row = rows[SMOLLM2_NAME]
+    assert row["live"] == 2
+    assert row["free_slots"] == 8  # 4 idle slots on each
+    assert row["context_window"] == 8192
+
+    # A replica that has not reported a window: the aggregate omits it; a smaller one wins.
+    fake = report("fake:1", "http://127.0.0.1:9", free_slots=1)
+    assert cluster.post("/registry/register", fake, key=ADMIN_KEY).status_code == 200
+    try:
+        row = cluster.models()[SMOLLM2_NAME]
+        assert row["live"] == 3 and row["free_slots"] == 9
+        assert "context_window" not in row
+        fake["models"][0]["context_window"] = 512
+        assert cluster.post("/registry/heartbeat", fake, key=ADMIN_KEY).status_code == 200
+        assert cluster.models()[SMOLLM2_NAME]["context_window"] == 512
+    finally:
+        cluster.post("/registry/deregister", {"id": "fake:1"}, key=ADMIN_KEY)
+    assert cluster.models()[SMOLLM2_NAME] == {
+        **row,
+        "live": 2,
+        "free_slots": 8,
+        "context_window": 8192,
+    }
+
+
+def test_registry_refuses_bad_reports_and_unknown_heartbeats(cluster):
+    bad = report("fake:2", "ftp://nowhere")
+    reply = cluster.post("/registry/register", bad, key=ADMIN_KEY)
+    assert reply.status_code == 400 and "url" in reply.json()["error"]["message"]
+    bad = report("fake:2", "http://127.0.0.1:9", context_window=0)
+    assert cluster.post("/registry/register", bad, key=ADMIN_KEY).status_code == 400
+    reply = cluster.post("/registry/heartbeat", report("never:1", "http://x"), key=ADMIN_KEY)
+    assert reply.status_code == 404 and reply.json()["error"]["type"] == "unknown_instance"
+    # Registering is an operator's act: the client key may not.
+    reply = cluster.post("/registry/register", report("fake:3", "http://x"), key=CLIENT_KEY)
+    assert reply.status_code == 403
+
+
+def test_keys_are_checked_at_the_router(cluster):
+    body = {"messages": QUESTION, "max_tokens": 1}
+    no_key = httpx.post(cluster.router_url + "/v1/chat/completions", json=body, timeout=30)
+    assert no_key.status_code == 401
+    assert cluster.get("/admin/instances", key=CLIENT_KEY).status_code == 403
+    assert cluster.post("/v1/chat/completions", body).status_code == 200
+
+
+def test_no_live_instance_is_503_and_all_full_is_429(cluster):
+    reply = cluster.post("/v1/chat/completions", {"model": "nope", "messages": QUESTION})
+    assert reply.status_code == 503
+    assert reply.json()["error"]["type"] == "no_live_instance"
+    full = report("fake:full", "http://127.0.0.1:9", free_slots=0, queue_depth=4)
+    full["models"][0]["id"] = "full-model"
+    assert cluster.post("/registry/register", full, key=ADMIN_KEY).status_code == 200
+    try:
+        reply = cluster.post("/v1/chat/completions", {"model": "full-model", "messages": QUESTION})
+        assert reply.status_code == 429, reply.text
+        assert reply.json()["error"]["type"] == "server_busy"
+        assert int(reply.headers["Retry-After"]) >= 1
+        # Anthropic's route answers in Anthropic's shape.
+        reply = cluster.post(
+            "/v1/messages", {"model": "nope", "max_tokens": 1, "messages": QUESTION}
+        )
+        assert reply.status_code == 503 and reply.json()["type"] == "error"
+    finally:
+        cluster.post("/registry/deregister", {"id": "fake:full"}, key=ADMIN_KEY)
+
+
+# ---- dispatch -----------------------------------------------------------------------------
+
+
+def test_every_wire_format_is_forwarded(cluster):
+    prompt = {"model": SMOLLM2_NAME, "max_tokens": 2, "temperature": 0}
+    assert cluster.post("/v1/completions", {**prompt, "prompt": "Hi"}).status_code == 200
+    assert cluster.post("/v1/messages", {**prompt, "messages": QUESTION}).status_code == 200
+    count = cluster.post("/v1/messages/count_tokens", {"model": SMOLLM2_NAME, "messages": QUESTION})
+    assert count.json()["input_tokens"] > 0
+    assert cluster.post("/v1/embeddings", {"model": SMOLLM2_NAME, "input": "hi"}).status_code == 200
+    tokens = cluster.post("/tokenize", {"content": "hello"}).json()["tokens"]
+    assert cluster.post("/detokenize", {"tokens": tokens}).json()["content"].strip() == "hello"
+    ollama = cluster.post(
+        "/api/chat",
+        {
+            "model": SMOLLM2_NAME,
+            "messages": QUESTION,
+            "stream": False,
+            "options": {"num_predict": 2},
+        },
+    )
+    assert ollama.status_code == 200 and ollama.json()["done"] is True
+    assert cluster.get("/api/tags", key=CLIENT_KEY).status_code == 200
+
+    # A stored response is found again on the instance that made it, whichever is asked.
+    respond = {"model": SMOLLM2_NAME, "temperature": 0, "max_output_tokens": 16}
+    made = cluster.post("/v1/responses", {**respond, "input": "Hi"})
+    assert made.status_code == 200, made.text
+    rid, where = made.json()["id"], made.headers["x-pantheon-instance"]
+    for _ in range(4):
+        got = cluster.get(f"/v1/responses/{rid}", key=CLIENT_KEY)
+        assert got.status_code == 200 and got.headers["x-pantheon-instance"] == where
+    follow = cluster.post(
+        "/v1/responses",
+        {**respond, "input": "More", "previous_response_id": rid},
+    )
+    assert follow.status_code == 200 and follow.headers["x-pantheon-instance"] == where
+
+
+def test_sixteen_concurrent_streams_spread_over_both_instances(cluster):
+    def stream(i):
+        body = {
+            "messages": [{"role": "user", "content": f"Count to {i}."}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST",
+            cluster.router_url + "/v1/chat/completions",
+            json=body,
+            headers=cluster.headers(),
+            timeout=120,
+        ) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            return r.status_code, r.headers["x-pantheon-instance"], lines
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(stream, range(16)))
+    assert all(status == 200 and lines[-1] == "data: [DONE]" for status, _, lines in results)
+    where = [inst for _, inst, _ in results]
+    assert set(where) == set(cluster.instances)
+    assert min(where.count(i) for i in cluster.instances) >= 4, where
+
+
+def test_a_stream_is_passed_on_as_it_is_generated_and_a_hang_up_reaches_the_instance(cluster):
+    never_end = cluster.never_end
+    body = {
+        "messages": QUESTION,
+        "max_tokens": 400,
+        "stream": True,
+        "temperature": 0,
+        "logit_bias": never_end,
+    }
+    with httpx.stream(
+        "POST",
+        cluster.router_url + "/v1/chat/completions",
+        json=body,
+        headers=cluster.headers(),
+        timeout=120,
+    ) as r:
+        where = cluster.instances[r.headers["x-pantheon-instance"]]
+        lines = r.iter_lines()  # kept: closing this iterator would hang up
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["object"] == "chat.completion.chunk"
+        # The first chunk arrived while the instance is still generating: not buffered.
+        assert in_flight(cluster, where) == 1
+    # The client hung up: the router closed its request, and the instance stopped.
+    cluster.wait_for(lambda: in_flight(cluster, where) == 0, "the generation to stop", 30)
+
+
+def in_flight(cluster, srv) -> int:
+    rows = httpx.get(srv.url + "/admin/models", headers=cluster.headers(ADMIN_KEY)).json()
+    return sum(row.get("in_flight", 0) for row in rows["data"])
+
+
+# ---- affinity -----------------------------------------------------------------------------
+
+
+def test_a_sessions_turns_stick_to_one_instance_with_the_direct_cache(cluster):
+    first, second = two_turns(cluster, "affinity-1")
+    assert first.headers["x-pantheon-instance"] == second.headers["x-pantheon-instance"]
+    direct = next(iter(cluster.instances.values())).url
+    d_first, d_second = two_turns(cluster, "affinity-direct", via=direct)
+    assert answer(d_first) == answer(first)
+    assert cached(second) == cached(d_second) > 0
+    assert answer(second) == answer(d_second)
+
+
+def test_restarting_the_router_loses_no_affinity(cluster):
+    first = chat(cluster, QUESTION, session_id="restart-1")
+    cluster.stop_router()
+    cluster.start_router()  # same Redis, same port: the instances heartbeat to it again
+    cluster.wait_for(lambda: len(cluster.live_ids()) == 2, "both instances", 30)
+    second = turn_two(cluster, first, "restart-1")
+    assert second.headers["x-pantheon-instance"] == first.headers["x-pantheon-instance"]
+    assert cached(second) > 0
+
+
+# ---- drain and failure --------------------------------------------------------------------
+
+
+def test_draining_moves_sessions_and_the_next_turn_resumes_from_the_cache(cluster):
+    first = chat(cluster, QUESTION, session_id="drain-1")
+    source = first.headers["x-pantheon-instance"]
+    (other,) = set(cluster.instances) - {source}
+    reference = turn_two(cluster, first, "drain-reference-no-cache")  # a cold turn 2
+
+    reply = cluster.post(f"/admin/instances/{source}/drain", {}, key=ADMIN_KEY)
+    assert reply.status_code == 200, reply.text
+    drained = reply.json()
+    moved = {m["session_id"]: m for m in drained["moved"]}
+    assert drained["failed"] == []
+    assert moved["drain-1"]["to"] == other
+    assert source not in routable_ids(cluster)
+    assert cluster.models()[SMOLLM2_NAME]["live"] == 1
+
+    second = turn_two(cluster, first, "drain-1")
+    assert second.headers["x-pantheon-instance"] == other
+    assert cached(second) == moved["drain-1"]["tokens"] > 0
+    assert answer(second) == answer(reference)
+    assert cached(reference) == 0
+    cluster.drained = source
+
+
+def routable_ids(cluster) -> set[str]:
+    rows = cluster.get("/admin/instances").json()["data"]
+    return {row["id"] for row in rows if row["state"] == "live"}
+
+
+def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(cluster):
+    (survivor,) = routable_ids(cluster)
+    first = chat(cluster, QUESTION, session_id="kill-1")
+    assert first.headers["x-pantheon-instance"] == survivor
+    replacement = cluster.start_instance("instance-c")
+
+    cluster.sigkill(survivor)
+    # Before its heartbeats lapse, the router already goes elsewhere (it cannot connect).
+    second = turn_two(cluster, first, "kill-1")
+    assert second.headers["x-pantheon-instance"] == replacement
+    assert cached(second) == 0  # honest: the KV died with the instance
+    reference = turn_two(cluster, first, "kill-reference", via=cluster.instances[replacement].url)
+    assert answer(second) == answer(reference)
+
+    took = cluster.wait_for(lambda: survivor not in cluster.live_ids(), "the drop", 30)
+    assert took <= HEARTBEAT_TIMEOUT_MS / 1000 + 1.0
+    assert cluster.models()[SMOLLM2_NAME]["live"] == len(routable_ids(cluster))
