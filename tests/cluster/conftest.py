@@ -66,14 +66,7 @@ class Cluster:
         self.started_routers += 1
         data_dir = self.tmp / "router"
         data_dir.mkdir(exist_ok=True)
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
-            "PANTHEON_DATA_DIR": str(data_dir),
-            "PANTHEON_ROLE": "router",
-            "PYTHONUNBUFFERED": "1",
-            **self.common,
-        }
+        env = self.router_env()
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
             cwd=REPO_ROOT,
@@ -99,6 +92,16 @@ class Cluster:
             stderr=subprocess.STDOUT,
         )
         self.wait_for(lambda: self.get("/").status_code == 200, "the router to answer")
+
+    def router_env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
+            "PANTHEON_DATA_DIR": str(self.tmp / "router"),
+            "PANTHEON_ROLE": "router",
+            "PYTHONUNBUFFERED": "1",
+            **self.common,
+        }
 
     def stop_router(self) -> None:
         self.router.terminate()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -13,6 +15,7 @@ import pytest
 
 from tests.cluster.conftest import ADMIN_KEY, CLIENT_KEY, HEARTBEAT_TIMEOUT_MS
 from tests.conftest import SMOLLM2_NAME
+from tests.e2e.daphne_server import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -254,6 +257,40 @@ def test_restarting_the_router_loses_no_affinity(cluster):
     second = turn_two(cluster, first, "restart-1")
     assert second.headers["x-pantheon-instance"] == first.headers["x-pantheon-instance"]
     assert cached(second) > 0
+
+
+def test_the_console_lists_the_instances(cluster):
+    env = {**cluster.router_env(), "DJANGO_SUPERUSER_PASSWORD": "console-pass-1"}
+    subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "createsuperuser",
+            "--noinput",
+            "--username",
+            "op",
+            "--email",
+            "op@example.com",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    with httpx.Client(base_url=cluster.router_url, timeout=30) as browser:
+        assert browser.get("/console/instances/").status_code == 302  # the login first
+        browser.get("/console/login/")
+        form = {
+            "username": "op",
+            "password": "console-pass-1",
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+            "next": "/console/instances/",
+        }
+        page = browser.post("/console/login/", data=form, follow_redirects=True)
+    assert page.status_code == 200 and "Serve instances" in page.text
+    for inst_id in cluster.instances:
+        assert inst_id in page.text
+    assert SMOLLM2_NAME in page.text
 
 
 # ---- drain and failure --------------------------------------------------------------------
