@@ -61,7 +61,10 @@ class StatsView(APIView):
         if "day" in group_by:
             rows = rows.annotate(day=TruncDay("start", tzinfo=UTC))
         sums = {name: Sum(name) for name in UsageBucket.COUNTS}
-        grouped = rows.values(*group_by).annotate(**sums).order_by(*group_by)
+        if group_by:
+            grouped = rows.values(*group_by).annotate(**sums).order_by(*group_by)
+        else:  # group_by= (empty): one row, the whole range
+            grouped = [rows.aggregate(**sums)]
         return Response(
             {
                 "object": "list",
@@ -98,14 +101,15 @@ def _instant(value: str | None, param: str) -> datetime | None:
             raise invalid_request(f"`{param}`: epoch seconds out of range", param) from None
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        return when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):  # not a time, or one beyond year 1..9999 in UTC
         raise invalid_request(
             f"`{param}` must be an ISO 8601 time (2025-01-31T12:00:00Z) or epoch seconds", param
         ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _group_by(value: str | None) -> tuple[str, ...]:
+    """The grouping asked for; an empty one sums the whole range into one row."""
     if value is None:
         return DEFAULT_GROUP_BY
     names = tuple(name.strip() for name in value.split(",") if name.strip())

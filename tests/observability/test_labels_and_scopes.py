@@ -97,3 +97,26 @@ async def test_metrics_answer_get_only(empty_runtime):
     refused = await request(app, "POST", "/metrics", {})
     refused.error(405, "method_not_allowed")
     assert refused.headers["allow"] == "GET, OPTIONS"
+
+
+async def test_a_429_from_the_key_quota_is_counted_under_its_reason(settings, env_keys, served):
+    import asyncio
+
+    from observability import metrics
+    from tests.conftest import SMOLLM2_NAME
+
+    settings.PANTHEON_KEY_MAX_CONCURRENT = 1
+    app = stack_app()
+    rejected = metrics.REJECTIONS.labels("key_concurrency_exceeded")
+    before = rejected._value.get()
+    svc = served.services()[SMOLLM2_NAME]
+    body = {"messages": [{"role": "user", "content": "Count to 100."}], "max_tokens": 48}
+    first = asyncio.create_task(
+        request(app, "POST", "/v1/chat/completions", body, headers=bearer(CLIENT_KEY))
+    )
+    while not svc.in_flight and not first.done():  # the first holds the key's one place
+        await asyncio.sleep(0.005)
+    second = await request(app, "GET", "/v1/models", headers=bearer(CLIENT_KEY))
+    second.error(429, "key_concurrency_exceeded")
+    assert (await first).status == 200
+    assert rejected._value.get() == before + 1

@@ -100,6 +100,10 @@ async def test_stats_group_by_key_model_hour_and_day(stored):
          "cached_tokens": 2, "completion_tokens": 0, "errors": 0},
     ]  # fmt: skip
 
+    body = (await get_stats("group_by=&from=2026-03-10T16:00:00%2B01:00")).json()  # 15:00Z
+    assert body["group_by"] == [] and body["from"] == "2026-03-10T15:00:00Z"
+    assert [(r["requests"], r["errors"]) for r in body["data"]] == [(7, 1)]
+
     body = (await get_stats("")).json()  # default: by key and model
     assert body["group_by"] == ["key", "model"]
     assert [(r["key"], r["model"], r["requests"]) for r in body["data"]] == [
@@ -113,6 +117,7 @@ async def test_stats_group_by_key_model_hour_and_day(stored):
     [
         ("from=yesterday", "from"),
         ("to=2026-13-01", "to"),
+        ("from=0001-01-01T00:00:00%2B05:00", "from"),
         ("from=1e400", "from"),
         ("from=2026-03-10T12:00:00Z&to=2026-03-10T11:00:00Z", "to"),
         ("group_by=key,week", "group_by"),
