@@ -69,7 +69,8 @@ def add_paths(paths: dict[str, dict]) -> None:
             query(
                 "group_by",
                 {"type": "string"},
-                description=f"Comma-separated, among {', '.join(GROUPS)} (default key,model).",
+                description=f"Comma-separated, among {', '.join(GROUPS)} (default key,model; "
+                "empty: one row for the whole range).",
             ),
         ],
         tag="operator",
