@@ -88,6 +88,10 @@ class GenerationRequest:
     # Prefix-cache key: the turn resumes from the id's conversation its prompt continues
     # (delta prefill), and choice 0's state is kept for the next turn.
     session_id: str | None = None
+    # Whose prompts may share KV through the prefix cache (the caller's API key's
+    # namespace): a slot's kept tokens are reused only by a request of the same namespace,
+    # so one key never learns from cached_tokens (or timing) what another key sent.
+    cache_namespace: str = ""
     # Think-style template: split `<think>...</think>` out as reasoning; `think_open`: the
     # prompt itself opened the block (the answer starts inside it).
     think_style: bool = False
@@ -161,10 +165,10 @@ class FinishEvent:
     stop_sequence: str = ""  # the stop string that ended the choice ("" for none)
     # The engine's clock, for metrics (seconds): the request's wait in the queue before its
     # slots were given, from its arrival at the engine to this choice's first token, and
-    # from that token to this finish.
-    queue_wait_s: float = 0.0
-    first_token_s: float = 0.0
-    decode_s: float = 0.0
+    # from that token to this finish. Measurements, not the answer: left out of ==.
+    queue_wait_s: float = field(default=0.0, compare=False)
+    first_token_s: float = field(default=0.0, compare=False)
+    decode_s: float = field(default=0.0, compare=False)
 
 
 class EngineError(Exception):
