@@ -16,6 +16,7 @@ from pantheon_platform.openapi import (
     BOOL,
     INT,
     JSON,
+    LOAD_PROGRESS,
     METHODS,
     NON_NEGATIVE,
     NUMBER,
@@ -219,6 +220,11 @@ _HEALTH = obj(
             },
         },
         "load_errors": {"type": "object", "additionalProperties": STRING},
+        "progress": {
+            "type": "object",
+            "description": "While models load: each one's progress.",
+            "additionalProperties": LOAD_PROGRESS,
+        },
     },
     ("service", "status", "backend", "kernel", "build", "accelerator", "dies_visible", "models"),
 )

@@ -62,6 +62,9 @@ class HealthView(APIView):
         load_errors = {name: s.error for name, s in states.items() if s.state == FAILED}
         if load_errors:
             body["load_errors"] = load_errors
+        progress = {i.name: i.progress.as_dict() for i in get_runtime().loading() if i.progress}
+        if progress:  # while a load runs: how far it has got
+            body["progress"] = progress
         return Response(body)
 
 

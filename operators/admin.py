@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.html import format_html
 
 from operators import files
 from operators.models import Alias, ModelConfig
@@ -31,6 +32,17 @@ def _bytes(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _progress_bar(p) -> str:
+    """A loading model's status cell: a <progress> bar, its phase and percentage."""
+    percent = round(100 * p.fraction)
+    return format_html(
+        '<progress class="load-progress" max="100" value="{}"></progress> loading: {} {}%',
+        percent,
+        p.phase,
+        percent,
+    )
 
 
 class ModelConfigForm(forms.ModelForm):
@@ -78,6 +90,9 @@ class ModelConfigAdmin(admin.ModelAdmin):
         state = get_runtime().states().get(obj.name)
         if state is not None and state.state == FAILED:
             return f"failed: {state.error}"
+        loading = next((i for i in get_runtime().loading() if i.name == obj.name), None)
+        if loading is not None and loading.progress is not None:
+            return _progress_bar(loading.progress)
         if state is not None:
             return state.state
         return f"not loaded (last error: {obj.last_error})" if obj.last_error else "not loaded"

@@ -8,6 +8,7 @@ from operators.serializers import NAME_MAX, AliasRequest, LoadRequest, NameReque
 from pantheon_platform.openapi import (
     BOOL,
     INT,
+    LOAD_PROGRESS,
     NON_NEGATIVE,
     NUMBER,
     STRING,
@@ -23,7 +24,7 @@ _INSTANCE = obj(
     {
         "id": STRING,
         "object": {"const": "model"},
-        "status": {"type": "string", "enum": ["loaded", "unloading"]},
+        "status": {"type": "string", "enum": ["loaded", "unloading", "loading"]},
         "path": STRING,
         "architecture": STRING,
         "quantization": STRING,
@@ -54,6 +55,7 @@ _INSTANCE = obj(
         },
         "context_window": {"type": "integer", "minimum": 1},
         "context_window_configured": {"type": "integer", "minimum": 1},
+        "progress": {**LOAD_PROGRESS, "description": "While status is loading."},
     },
     (
         "id",
@@ -149,7 +151,7 @@ def add_paths(paths: dict[str, dict]) -> None:
                 "get": operation(
                     "/admin/models",
                     "listInstances",
-                    "Every live instance, operator fields",
+                    "Every live instance, operator fields; models loading, with progress",
                     ok(ref("InstanceList")),
                     tag="operator",
                 )

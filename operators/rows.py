@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import kernels
-from pantheon_platform.runtime import InstanceInfo, Runtime
+from pantheon_platform.runtime import InstanceInfo, LoadingInfo, Runtime
 
 
 def model_row(info: InstanceInfo) -> dict:
@@ -50,6 +50,32 @@ def model_row(info: InstanceInfo) -> dict:
         row["context_window"] = svc.context_window
         row["context_window_configured"] = info.context_window_configured
     return row
+
+
+def loading_row(info: LoadingInfo) -> dict:
+    """The /admin/models row of a model still loading: what was asked (nothing is served
+    yet: max_concurrent 0) and, once its load has started, `progress`."""
+    spec = info.spec
+    row = {
+        "id": info.name,
+        "object": "model",
+        "status": "loading",
+        "path": spec.path,
+        "dies": list(spec.dies),
+        "vram_bytes": 0,
+        "max_sessions": spec.max_sessions,
+        "max_concurrent": 0,
+        "max_concurrent_configured": spec.max_concurrent or spec.max_sessions,
+        "pinned": spec.pinned,
+    }
+    if info.progress is not None:
+        row["progress"] = info.progress.as_dict()
+    return row
+
+
+def model_rows(rt: Runtime) -> list[dict]:
+    """GET /admin/models: every live instance by name, then the models loading."""
+    return [model_row(i) for i in rt.instances()] + [loading_row(i) for i in rt.loading()]
 
 
 def dies_listing(rt: Runtime) -> dict:

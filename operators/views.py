@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from operators import files
-from operators.rows import dies_listing, model_row
+from operators.rows import dies_listing, model_row, model_rows
 from operators.serializers import (
     NAME_MAX,
     AliasRequest,
@@ -54,12 +54,11 @@ def refused(exc: OperatorError, type_: str, *, not_found_type: str | None = None
 
 
 class AdminModelsView(APIView):
-    """GET /admin/models: one row per live instance, with the operator-only fields."""
+    """GET /admin/models: one row per live instance, with the operator-only fields, and
+    one per model loading (status "loading", its `progress`)."""
 
     def get(self, request):
-        return Response(
-            {"object": "list", "data": [model_row(i) for i in get_runtime().instances()]}
-        )
+        return Response({"object": "list", "data": model_rows(get_runtime())})
 
 
 class LoadView(APIView):

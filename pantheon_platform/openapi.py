@@ -37,6 +37,20 @@ FINITE = {"type": "number", "exclusiveMinimum": -INT64_BOUND, "exclusiveMaximum"
 STRING = {"type": "string"}
 BOOL = {"type": "boolean"}
 RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}}
+# How far a model load has got (inference.engine.loading.progress.LoadProgress.as_dict):
+# on GET / and on /admin/models' loading rows.
+LOAD_PROGRESS = {
+    "type": "object",
+    "properties": {
+        "phase": {"type": "string", "enum": ["parse", "map", "dequantise", "cache_write"]},
+        "tensors_done": NON_NEGATIVE,
+        "tensors_total": NON_NEGATIVE,
+        "bytes_done": {**NON_NEGATIVE, "description": "Of the tensors' bytes in the file."},
+        "bytes_total": NON_NEGATIVE,
+        "fraction": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["phase", "tensors_done", "tensors_total", "bytes_done", "bytes_total", "fraction"],
+}
 
 # status -> (component name, description): the error responses every piece refers to.
 ERRORS = {

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 import kernels
+from inference.engine.loading.progress import LoadProgress
 from inference.engine.serving.embedding import POOLINGS
 from inference.engine.types import ModelConfig
 from pantheon_platform.model_files import (
@@ -172,6 +173,16 @@ class InstanceInfo:
 
 
 @dataclass(frozen=True)
+class LoadingInfo:
+    """A model being loaded: what was asked, and how far its load has got (None until
+    its load has started: start-up loads wait for the one before)."""
+
+    name: str
+    spec: LoadSpec
+    progress: LoadProgress | None
+
+
+@dataclass(frozen=True)
 class UnloadResult:
     name: str
     drained: bool  # False: generations still ran at the timeout; freed when they end
@@ -215,7 +226,8 @@ class Runtime:
         self._load_lock = threading.Lock()
         self._instances: dict[str, _Instance] = {}
         self._states: dict[str, ModelState] = {}
-        self._loading: set[str] = set()
+        self._loading: dict[str, LoadSpec] = {}  # names reserved for a load, in order
+        self._progress: dict[str, LoadProgress] = {}  # the latest report of each load
         self._aliases: dict[str, str] = {}
         self._ticks = itertools.count(1)
         # Event loops that routed requests: the unload barrier runs a no-op on each.
@@ -224,6 +236,7 @@ class Runtime:
         self._loader: threading.Thread | None = None
         self._load_hooks: list[Callable[[str, ModelService], None]] = []
         self._unload_hooks: list[Callable[[str, ModelService], None]] = []
+        self._progress_hooks: list[Callable[[str, LoadProgress], None]] = []
 
     def use_store(self, store: Store) -> None:
         """Persist through `store` from now on (pantheon_site.asgi, before start_loading)."""
@@ -241,6 +254,11 @@ class Runtime:
         after its generations drained (the sessions app spills its sessions, so that the
         next load of the name restores them). An exception is logged; the unload goes on."""
         self._unload_hooks.append(fn)
+
+    def add_progress_hook(self, fn: Callable[[str, LoadProgress], None]) -> None:
+        """Call `fn(name, progress)` on the loading thread after each step of a load, once
+        the runtime has recorded it (loading() shows it). An exception is logged."""
+        self._progress_hooks.append(fn)
 
     # --- start-up -----------------------------------------------------------------------
 
@@ -306,7 +324,7 @@ class Runtime:
             if spec.name in self._loading or spec.name in self._instances:
                 log.error("model %s is listed twice; loading it once", spec.name)
                 continue
-            self._loading.add(spec.name)
+            self._loading[spec.name] = spec
             self._states[spec.name] = ModelState(LOADING)
             kept.append(spec)
         return kept
@@ -326,7 +344,7 @@ class Runtime:
         OperatorError subclass saying why not."""
         with self._lock:
             self._check_name_free(spec.name)
-            self._loading.add(spec.name)
+            self._loading[spec.name] = spec
             previous = self._states.get(spec.name)
             self._states[spec.name] = ModelState(LOADING)
         try:
@@ -386,6 +404,8 @@ class Runtime:
         A failure is logged and recorded as the model's last error."""
         try:
             spec = self.checked_spec(spec)  # start-up specs come unchecked from the store
+            with self._lock:
+                self._loading[spec.name] = spec  # the loading row shows the file it reads
             with self._load_lock:
                 info = _file_info(spec.path)
                 victims = self._victims_for_one_more()
@@ -418,7 +438,8 @@ class Runtime:
             raise
         finally:
             with self._lock:
-                self._loading.discard(spec.name)
+                self._loading.pop(spec.name, None)
+                self._progress.pop(spec.name, None)
 
     def _run_load_hooks(self, name: str, svc: ModelService) -> None:
         for fn in list(self._load_hooks):
@@ -436,7 +457,7 @@ class Runtime:
         started = time.monotonic()
         config = spec.engine_config()  # a refusal here (chat_template) is the operator's
         try:
-            svc = ModelService.load(config)
+            svc = ModelService.load(config, lambda p: self._note_progress(spec.name, p))
         except ModelFileNotFound as exc:
             raise NotFound(str(exc)) from exc
         except ModelLoadError as exc:
@@ -453,6 +474,23 @@ class Runtime:
             kernels.backend_name(),
         )
         return svc
+
+    def _note_progress(self, name: str, progress: LoadProgress) -> None:
+        with self._lock:
+            self._progress[name] = progress
+        for fn in list(self._progress_hooks):
+            try:
+                fn(name, progress)
+            except Exception:
+                log.exception("a progress hook failed for model %s", name)
+
+    def loading(self) -> list[LoadingInfo]:
+        """The models being loaded (or waiting for their turn at start-up), in load order."""
+        with self._lock:
+            return [
+                LoadingInfo(name, spec, self._progress.get(name))
+                for name, spec in self._loading.items()
+            ]
 
     def _victims_for_one_more(self) -> list[str]:
         """Least-recently-used unpinned idle models to unload so one more fits under
