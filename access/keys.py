@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
+from pantheon_platform import live_settings
 from pantheon_platform.routes import INFERENCE, SCOPES, SESSIONS
 
 KEY_PREFIX = "pn_"
@@ -135,5 +136,6 @@ def any_key_configured() -> bool:
 
 
 def max_concurrent_for(principal: Principal) -> int:
-    """In-flight requests the key may have at once; 0: no limit."""
-    return principal.max_concurrent or settings.PANTHEON_KEY_MAX_CONCURRENT
+    """In-flight requests the key may have at once; 0: no limit. The key's own limit,
+    else key_max_concurrent (the runtime config, else PANTHEON_KEY_MAX_CONCURRENT)."""
+    return principal.max_concurrent or live_settings.value("key_max_concurrent")

@@ -7,12 +7,11 @@ process-wide Runtime is seen here too.
 
 from __future__ import annotations
 
-from django.conf import settings
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import kernels
-from pantheon_platform import shutdown
+from pantheon_platform import live_settings, shutdown
 from pantheon_platform.errors import ApiError
 from pantheon_platform.runtime import FAILED, LOADING, UNLOADING, build_id, get_runtime
 
@@ -28,9 +27,9 @@ def model_row(name: str, svc) -> dict:
         "max_concurrent": svc.max_concurrent,
     }
     # A "required" tool call is compelled after an unconstrained think block (every
-    # dialect has a grammar; none when PANTHEON_TOOL_GRAMMAR=0).
+    # dialect has a grammar; none when tool_grammar is off: PANTHEON_TOOL_GRAMMAR=0).
     row["tool_choice_required_with_thinking"] = svc.think_style and (
-        getattr(settings, "PANTHEON_TOOL_GRAMMAR", None) is not False
+        live_settings.value("tool_grammar") != "off"
     )
     if svc.context_window:  # omitted when unknown, never 0 (the contract)
         row["context_window"] = svc.context_window

@@ -8,3 +8,11 @@ class OperatorsConfig(AppConfig):
 
     name = "operators"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Runtime config overrides live in this app's table (no database access here:
+        # pantheon_site.asgi reads them at start-up, live_settings.refresh()).
+        from operators.config import DatabaseOverrides
+        from pantheon_platform import live_settings
+
+        live_settings.use_store(DatabaseOverrides())

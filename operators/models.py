@@ -61,3 +61,18 @@ class Alias(models.Model):
 
     def __str__(self) -> str:
         return f"{self.alias} -> {self.target}"
+
+
+class ConfigOverride(models.Model):
+    """A runtime setting an operator changed (PATCH /admin/config): it wins over the
+    environment until reset (pantheon_platform.live_settings)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    value = models.JSONField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.value!r}"

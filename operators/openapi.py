@@ -5,6 +5,7 @@ pantheon_site/openapi.py puts the document together."""
 from __future__ import annotations
 
 from operators.serializers import NAME_MAX, AliasRequest, LoadRequest, NameRequest, PinRequest
+from pantheon_platform import live_settings
 from pantheon_platform.openapi import (
     BOOL,
     INT,
@@ -110,8 +111,41 @@ _DIES = obj(
 )
 
 
+_SETTING = obj(
+    {
+        "value": {"description": "What the server uses now."},
+        "default": {"description": "The environment's value (live settings only)."},
+        "source": {"type": "string", "enum": ["environment", "database"]},
+        "mutable": BOOL,
+        "applies": {"type": "string", "enum": ["next request", "next load", "now"]},
+        "env": STRING,
+        "description": STRING,
+    },
+    ("value", "source", "mutable", "env", "description"),
+)
+
+
+def _config_patch() -> dict:
+    """PATCH /admin/config's body: live settings, each its value or null (reset)."""
+    return obj(
+        {name: nullable(s.check.schema) for name, s in live_settings.SETTINGS.items()},
+        minProperties=1,
+        additionalProperties=False,
+        description="Live settings to change; null: back to the environment's value. An "
+        "unknown or read-only name, or a value out of range, is a 400 naming it.",
+    )
+
+
 def schemas() -> dict:
     return {
+        "Config": obj(
+            {
+                "object": {"const": "config"},
+                "settings": {"type": "object", "additionalProperties": _SETTING},
+            },
+            ("object", "settings"),
+        ),
+        "ConfigPatch": _config_patch(),
         "Instance": _INSTANCE,
         "InstanceList": obj(
             {"object": {"const": "list"}, "data": {"type": "array", "items": ref("Instance")}},
@@ -235,6 +269,25 @@ def add_paths(paths: dict[str, dict]) -> None:
                     tag="operator",
                 ),
             },
+            "/admin/config": {
+                "get": operation(
+                    "/admin/config",
+                    "getConfig",
+                    "Every setting: the live ones (value, default, source) and read-only ones",
+                    ok(ref("Config")),
+                    tag="operator",
+                ),
+                "patch": operation(
+                    "/admin/config",
+                    "patchConfig",
+                    "Change live settings (stored; in effect for the next request)",
+                    ok(ref("Config")),
+                    (400,),
+                    body=ref("ConfigPatch"),
+                    tag="operator",
+                ),
+            },
+            "/admin/shutdown": {"post": _shutdown()},
             "/admin/aliases/{alias}": {
                 # On the path item: every operation of the path (OPTIONS too) takes it.
                 "parameters": [
@@ -257,3 +310,26 @@ def add_paths(paths: dict[str, dict]) -> None:
             },
         }
     )
+
+
+def _shutdown() -> dict:
+    op = operation(
+        "/admin/shutdown",
+        "shutdownServer",
+        "Graceful shutdown, as SIGTERM: stop admitting, drain, exit 0",
+        ok(
+            obj(
+                {
+                    "shutting_down": {"const": True},
+                    "in_flight": NON_NEGATIVE,
+                    "drain_timeout_s": NUMBER,
+                },
+                ("shutting_down", "in_flight", "drain_timeout_s"),
+            ),
+            "Accepted: the drain has begun",
+        ),
+        (503,),
+        tag="operator",
+    )
+    op["responses"]["202"] = op["responses"].pop("200")
+    return op

@@ -11,6 +11,8 @@ urlpatterns = [
     path("admin/models/available", views.AvailableView.as_view(), name="admin-available"),
     path("admin/dies", views.DiesView.as_view(), name="admin-dies"),
     path("admin/aliases", views.AliasesView.as_view(), name="admin-aliases"),
+    path("admin/config", views.ConfigView.as_view(), name="admin-config"),
+    path("admin/shutdown", views.ShutdownView.as_view(), name="admin-shutdown"),
     # <path:>: an alias may contain "/" (org/model names are common).
     path("admin/aliases/<path:alias>", views.AliasView.as_view(), name="admin-alias"),
 ]

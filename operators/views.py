@@ -11,7 +11,7 @@ from __future__ import annotations
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from operators import files
+from operators import config, files
 from operators.rows import dies_listing, model_row, model_rows
 from operators.serializers import (
     NAME_MAX,
@@ -22,6 +22,7 @@ from operators.serializers import (
     load_spec,
     validated,
 )
+from pantheon_platform import live_settings, shutdown
 from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import (
@@ -34,6 +35,7 @@ from pantheon_platform.runtime import (
     PathNotAllowed,
     get_runtime,
 )
+from pantheon_platform.strict_json import parse_json_object
 
 _STATUS = {
     InvalidOption: 400,
@@ -160,3 +162,43 @@ class AvailableView(APIView):
 
     def get(self, request):
         return Response({"object": "list", "data": files.available_models(get_runtime())})
+
+
+class ConfigView(APIView):
+    """GET /admin/config: every setting, live and read-only. PATCH /admin/config
+    {"name": value, ...}: change live settings (null: back to the environment's value);
+    all checked before any is stored, stored in the database, in effect for the next
+    request, and audited on the request's access-log line ({name: [old, new]})."""
+
+    def get(self, request):
+        return Response(config.document())
+
+    def patch(self, request):
+        changes = config.checked_changes(parse_json_object(request.body))
+        moved = live_settings.update(changes)
+        audit = {name: [old, new] for name, (old, new) in moved.items() if old != new}
+        note(request, config=audit)
+        return Response(config.document())
+
+
+class ShutdownView(APIView):
+    """POST /admin/shutdown: the graceful drain SIGTERM starts (pantheon_platform/
+    shutdown.py): new completions get 503, in-flight ones finish, then the process exits
+    0. Answers 202 at once; again while draining."""
+
+    def post(self, request):
+        if not shutdown.request_shutdown():
+            raise ApiError(
+                503,
+                "this process is not a Daphne server (nothing would stop it); stop it "
+                "with its own signal",
+                "shutdown_unavailable",
+            )
+        return Response(
+            {
+                "shutting_down": True,
+                "in_flight": shutdown.in_flight(),
+                "drain_timeout_s": live_settings.value("drain_timeout_s"),
+            },
+            status=202,
+        )

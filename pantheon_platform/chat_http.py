@@ -26,7 +26,7 @@ from django.conf import settings
 
 from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
 from inference.engine.types import FinishEvent, GenerationFailed
-from pantheon_platform import tenancy
+from pantheon_platform import live_settings, tenancy
 from pantheon_platform.errors import ApiError
 from pantheon_platform.metering import TurnRecord, metered, note_turn
 from pantheon_platform.request_log import note
@@ -84,10 +84,11 @@ async def off_loop(deadline: float, work: Callable[[], T]) -> T:
 
 
 def chat_options() -> ChatOptions:
-    """The settings that shape a turn (PANTHEON_NO_THINK, PANTHEON_TOOL_GRAMMAR)."""
+    """The settings that shape a turn (no_think, tool_grammar: the runtime config, else
+    PANTHEON_NO_THINK and PANTHEON_TOOL_GRAMMAR)."""
     return ChatOptions(
-        no_think=bool(getattr(settings, "PANTHEON_NO_THINK", False)),
-        tool_grammar=getattr(settings, "PANTHEON_TOOL_GRAMMAR", None),
+        no_think=live_settings.value("no_think"),
+        tool_grammar=live_settings.TOOL_GRAMMAR_MODES[live_settings.value("tool_grammar")],
     )
 
 

@@ -43,10 +43,18 @@ def session_hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
-def note(request, *, model: str | None = None, session_id: str | None = None) -> None:
+def note(
+    request,
+    *,
+    model: str | None = None,
+    session_id: str | None = None,
+    config: dict[str, list] | None = None,
+) -> None:
     """Record the served model and the session of `request` (a Django or DRF request) for
-    its access-log line. The session id is kept hashed only. Without an ASGI scope (a
-    test client, WSGI) there is no line to write: nothing happens."""
+    its access-log line. The session id is kept hashed only. `config`: the settings a
+    PATCH /admin/config changed, {name: [old, new]} (the audit; values are the settings'
+    checked values, never free text). Without an ASGI scope (a test client, WSGI) there
+    is no line to write: nothing happens."""
     scope = getattr(request, "scope", None)
     if not isinstance(scope, dict):
         return
@@ -57,3 +65,5 @@ def note(request, *, model: str | None = None, session_id: str | None = None) ->
         fields["model"] = model
     if session_id:
         fields["session"] = session_hash(session_id)
+    if config:
+        fields["config"] = config

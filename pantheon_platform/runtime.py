@@ -34,6 +34,7 @@ import kernels
 from inference.engine.loading.progress import LoadProgress
 from inference.engine.serving.embedding import POOLINGS
 from inference.engine.types import ModelConfig
+from pantheon_platform import live_settings
 from pantheon_platform.model_files import (
     ModelFileInfo,
     allowed_model_path,
@@ -128,9 +129,11 @@ class LoadSpec:
 
     def engine_config(self) -> ModelConfig:
         """The engine's config: these options plus settings.PANTHEON_ENGINE_OPTIONS (the
-        ones every model shares), keeping only what this engine's ModelConfig knows."""
+        ones every model shares; the queue's from the runtime config), keeping only what
+        this engine's ModelConfig knows."""
         known = {f.name for f in dataclasses.fields(ModelConfig)}
         shared = {k: v for k, v in _setting("PANTHEON_ENGINE_OPTIONS", {}).items() if k in known}
+        shared.update(_queue_limits())
         return ModelConfig(
             name=self.name,
             path=self.path,
@@ -495,7 +498,7 @@ class Runtime:
     def _victims_for_one_more(self) -> list[str]:
         """Least-recently-used unpinned idle models to unload so one more fits under
         PANTHEON_MAX_LOADED_MODELS; Conflict when only pinned or busy ones remain."""
-        limit = _setting("PANTHEON_MAX_LOADED_MODELS", 4)
+        limit = live_settings.value("max_loaded_models")
         with self._lock:
             live = [i for i in self._instances.values() if not i.draining]
         excess = len(live) - limit + 1
@@ -572,7 +575,7 @@ class Runtime:
             return UnloadResult(target, drained=True)
         log.info("unloading %s%s", target, f" ({reason})" if reason else "")
         if timeout is None:
-            timeout = _setting("PANTHEON_UNLOAD_TIMEOUT", 120.0)
+            timeout = live_settings.value("unload_timeout_s")
         if self._drain(instance, timeout):
             self._free(instance)
             return UnloadResult(target, drained=True)
@@ -923,12 +926,37 @@ def configured_specs() -> list[LoadSpec]:
 
 def default_options() -> dict[str, int]:
     """The per-model options a load gets when the request leaves them at 0 / out."""
-    return dict(
+    defaults = dict(
         _setting(
             "PANTHEON_MODEL_DEFAULTS",
             {"ctx_cap": 0, "max_sessions": 4, "max_concurrent": 0, "reasoning_budget": 0},
         )
     )
+    defaults["reasoning_budget"] = live_settings.value("reasoning_budget")
+    return defaults
+
+
+def _queue_limits() -> dict:
+    """The queue's depth and timeout now (the runtime config, else the environment)."""
+    return {
+        "queue_depth": live_settings.value("queue_depth"),
+        "queue_timeout_s": live_settings.value("queue_timeout_s"),
+    }
+
+
+def _push_queue_limits(changed: set[str]) -> None:
+    """A changed queue depth or timeout reaches every loaded model at once: the next
+    request is admitted (or refused) by it."""
+    if not changed & {"queue_depth", "queue_timeout_s"}:
+        return
+    limits = _queue_limits()
+    for info in get_runtime().instances():
+        set_limits = getattr(info.svc, "set_queue_limits", None)  # tests' stand-ins lack it
+        if set_limits is not None:
+            set_limits(limits["queue_depth"], limits["queue_timeout_s"])
+
+
+live_settings.on_change(_push_queue_limits)
 
 
 @functools.cache

@@ -12,6 +12,8 @@ then cancels every open request: a stream in progress is cut off mid-answer. `in
    reactor stops after a short grace for the last bytes to leave, and Daphne exits with
    status 0;
 3. a second SIGTERM stops at once (Daphne cancels what is still open).
+
+POST /admin/shutdown starts the same drain (`request_shutdown`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ log = logging.getLogger("pantheon.shutdown")
 FLUSH_GRACE_S = 0.5  # after the last generation ends, for its final SSE chunks to be sent
 
 _draining = threading.Event()
+_reactor = None  # Daphne's, once it runs (install): what a requested shutdown stops
 _before_exit: list[Callable[[], None]] = []
 _on_drain: list[Callable[[], None]] = []
 
@@ -106,7 +109,21 @@ def install() -> None:
 
 def _take_sigterm(reactor) -> None:
     # Runs after Twisted installed its own handlers (they are set during startup).
+    global _reactor
+    _reactor = reactor
     signal.signal(signal.SIGTERM, lambda signum, frame: _on_sigterm(reactor))
+
+
+def request_shutdown() -> bool:
+    """POST /admin/shutdown: the drain a SIGTERM starts, begun from a request's thread.
+    False when this process is not Daphne's (nothing would stop it); True once a drain
+    runs (this one or an earlier one)."""
+    reactor = _reactor
+    if reactor is None:
+        return False
+    if not draining():
+        _start_drain(reactor, "POST /admin/shutdown")
+    return True
 
 
 def _on_sigterm(reactor) -> None:
@@ -115,18 +132,22 @@ def _on_sigterm(reactor) -> None:
     if draining():
         reactor.callFromThread(reactor.stop)
         return
+    _start_drain(reactor, "SIGTERM")
+
+
+def _start_drain(reactor, why: str) -> None:
     _draining.set()
     threading.Thread(
-        target=_drain_then_stop, args=(reactor,), name="pantheon-drain", daemon=True
+        target=_drain_then_stop, args=(reactor, why), name="pantheon-drain", daemon=True
     ).start()
 
 
-def _drain_then_stop(reactor) -> None:
-    from django.conf import settings
+def _drain_then_stop(reactor, why: str = "SIGTERM") -> None:
+    from pantheon_platform import live_settings
 
-    timeout = float(getattr(settings, "PANTHEON_DRAIN_TIMEOUT", 30))
+    timeout = float(live_settings.value("drain_timeout_s"))
     begin_drain()
-    log.warning("SIGTERM: draining %d in-flight requests (up to %.0f s)", in_flight(), timeout)
+    log.warning("%s: draining %d in-flight requests (up to %.0f s)", why, in_flight(), timeout)
     if wait_drained(timeout):
         log.warning("drained; exiting")
     else:

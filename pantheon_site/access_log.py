@@ -110,6 +110,8 @@ def _line(
         line["model"] = noted["model"]
     if "session" in noted:
         line["session"] = noted["session"]
+    if "config" in noted:  # the audit of PATCH /admin/config: {name: [old, new]}
+        line["config"] = noted["config"]
     key = key_label(scope.get(KEY_SCOPE))
     if key:
         line["key"] = key

@@ -39,6 +39,12 @@ from pantheon_site import stack  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from pantheon_platform import live_settings  # noqa: E402
+
+# The runtime config an operator stored (PATCH /admin/config) wins over the environment
+# from the first request and the first load on; read once here, in a sync context.
+live_settings.refresh()
+
 if settings.PANTHEON_ROLE == "router":
     # No engine: the client routes are forwarded to the registered instances (cluster/).
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler

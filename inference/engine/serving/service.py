@@ -661,6 +661,13 @@ class ModelService:
         """Admit nothing new (ServerShuttingDown); queued and running requests finish."""
         self._draining = True
 
+    def set_queue_limits(self, depth: int, timeout_s: float) -> None:
+        """A new queue depth and timeout (the runtime config), from the next request on:
+        requests already queued keep their place."""
+        with self._lock:
+            self.scheduler.queue_depth = max(0, depth)
+            self.scheduler.queue_timeout_s = timeout_s
+
     def close(self) -> None:
         """Stop the engine thread; requests still in flight fail with GenerationFailed."""
         self._closing.set()
