@@ -45,8 +45,11 @@ RUN_TIMEOUT_S = 900
 # - loadModel, unloadModel: they change what is served (schemathesis finds the shipped
 #   GGUF in /admin/models/available and loads a second copy; an unload of the only model
 #   turns every later completion into a 503). They get the second run, after the others.
-FIRST_RUN_EXCLUDED = ("watchSession", "loadModel", "unloadModel")
-LAST_RUN = ("loadModel", "unloadModel")
+# - patchConfig: it changes the server's settings (a queue depth of 0 refuses every
+#   waiting request); last run too.
+# - shutdownServer: it stops the server; never fuzzed (tests/operators/test_admin_shutdown.py).
+FIRST_RUN_EXCLUDED = ("watchSession", "loadModel", "unloadModel", "patchConfig", "shutdownServer")
+LAST_RUN = ("loadModel", "unloadModel", "patchConfig")
 
 
 def schemathesis_run(url: str, workdir: Path, *selection: str) -> subprocess.CompletedProcess:
