@@ -5,6 +5,7 @@ stored before it is what the next server on the same data dir serves with."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -61,6 +62,12 @@ def test_shutdown_drains_like_sigterm_and_the_stored_config_outlives_it(
         assert server.proc.wait(60) == 0, server.log_tail()
         assert "POST /admin/shutdown: draining 1 in-flight requests" in server.log_tail()
         assert "drained; exiting" in server.log_tail()
+        # The first start's load wrote its progress to the log, ending at 100%.
+        progress = re.findall(
+            rf"loading {MODEL}: (\w+) +(\d+)% \((\d+)/(\d+) tensors", server.log.read_text()
+        )
+        assert len(progress) >= 3 and progress[-1][1] == "100", progress
+        assert progress[-1][2] == progress[-1][3]
 
     # The next server on the same data dir reads the stored depth back at start: with its
     # one slot busy, the next request may not wait.
