@@ -129,7 +129,7 @@ async def start_turn(
     # In the caller's key's namespace: another key's session of that id is not reached.
     key = tenancy.session_key(request, session_id)
     note(request, model=name, session_id=key)
-    turn = replace(turn, session_id=key)
+    turn = replace(turn, session_id=key, cache_namespace=tenancy.namespace(request))
     options = chat_options()
     prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, options))
     record = TurnRecord(name, len(prepared.request.prompt_ids))

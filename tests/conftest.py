@@ -62,6 +62,14 @@ def smollm2_service(smollm2_path: Path):
     svc.close()
 
 
+@pytest.fixture(autouse=True)
+def cold_prefix_cache(request):
+    """Each test that uses the session's SmolLM2 starts with nothing kept in its slots, so
+    its first prompt is computed whole (cached_tokens 0) whatever ran before it."""
+    if "smollm2_service" in request.fixturenames:
+        request.getfixturevalue("smollm2_service").clear_prefix_cache().result(timeout=60)
+
+
 def use_runtime(monkeypatch, runtime) -> None:
     """Put `runtime` in place of the process's registry for one test: what
     pantheon_platform.runtime.get_runtime() answers, everywhere."""

@@ -69,11 +69,25 @@ def test_the_next_turn_resumes_in_the_slot_it_parked_from(svc, loads):
     assert loads == []  # without copying it back: the slot still held it
 
 
+def every_slot_busy(svc) -> None:
+    """As many requests at once as there are slots: the resident one is used too (a
+    single request would get a slot that holds nothing)."""
+
+    async def go():
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(run, svc, [{"role": "user", "content": f"Count to {i}."}])
+                for i in range(svc.max_concurrent)
+            )
+        )
+
+    asyncio.run(go())
+
+
 def test_a_slot_used_in_between_is_copied_back_with_the_same_result(svc, loads):
     resident, _ = conversation(svc, "resident-b")
     assert loads == []
-    other = [{"role": "user", "content": "Say something else entirely."}]
-    copied, finish = conversation(svc, "resident-c", between=lambda: run(svc, other))
+    copied, finish = conversation(svc, "resident-c", between=lambda: every_slot_busy(svc))
     assert finish.usage.cached_tokens > 0
     assert len(loads) == 1  # the slot was reused in between: the prefix was copied back
     assert copied == resident

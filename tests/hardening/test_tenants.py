@@ -290,6 +290,7 @@ async def test_another_key_cannot_resume_observe_or_release_a_session(app, svc, 
     # A's own turn 2 still resumes from all of turn 1, and answers as a cold run does.
     second = await chat(app, a, turn_2(first), "victim")
     assert cached(second) == history(first)
+    await asyncio.to_thread(lambda: svc.clear_prefix_cache().result(30))  # A's own, kept
     cold = await chat(app, a, turn_2(first))
     assert cached(cold) == 0 and answer(second) == answer(cold)
 

@@ -11,6 +11,7 @@ import logging
 import queue
 import re
 import threading
+import time
 
 import pytest
 
@@ -28,6 +29,7 @@ from operators.models import ModelConfig as ModelRow
 from pantheon_platform.runtime import LoadSpec
 
 CHANGELIST = "/console/operators/modelconfig/"
+GATE_TIMEOUT_S = 120  # a held load goes on by itself after this (a test that never came back)
 
 
 class Gate:
@@ -40,8 +42,10 @@ class Gate:
 
     def __call__(self, name: str, progress: LoadProgress) -> None:
         self.reports.put(progress)
+        deadline = time.monotonic() + GATE_TIMEOUT_S
         while not self._go.acquire(timeout=0.05):
-            if self._open.is_set():  # the test failed: let the load finish
+            # The test failed (or was stopped by its timeout): let the load finish.
+            if self._open.is_set() or time.monotonic() > deadline:
                 return
 
     def open(self) -> None:
@@ -60,7 +64,8 @@ def start_load(rt, spec: LoadSpec) -> tuple[threading.Thread, list]:
         except Exception as exc:  # reported by the test's join
             errors.append(exc)
 
-    thread = threading.Thread(target=run, name="test-load")
+    # A daemon: a load left held by a test that was stopped never keeps pytest from exiting.
+    thread = threading.Thread(target=run, name="test-load", daemon=True)
     thread.start()
     return thread, errors
 

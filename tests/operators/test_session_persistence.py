@@ -128,6 +128,7 @@ def test_spilled_sessions_restore_whole_and_the_next_turn_resumes_from_them(svc,
     prompt = [*history, *svc.tokenizer.encode(" Then")]
     resumed, usage = turn(restored, prompt, "persist-b")
     assert usage.cached_tokens == len(history)
+    restored.clear_prefix_cache().result(30)  # that turn's KV, kept in its slot
     cold, cold_usage = turn(restored, prompt)
     assert cold_usage.cached_tokens == 0 and resumed == cold
 

@@ -27,6 +27,8 @@ class Turn:
     n: int = 1  # choices wanted; the core asks the engine for at most MAX_CHOICES
     # Prefix-cache key, already in the caller's key's namespace (sessions.tenancy).
     session_id: str | None = None
+    # Whose prompts may share the prefix cache: the caller's key's namespace ("" open).
+    cache_namespace: str = ""
     logprobs: bool = False  # the client wants per-token logprobs rendered
     request_id: str = ""  # the engine's id for this request; "" -> one is made up
     # A raw prompt (legacy /v1/completions, Ollama's `raw`): no chat template, no tools,

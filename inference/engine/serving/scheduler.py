@@ -160,6 +160,7 @@ class _Group:
     n: int
     max_tokens: int
     enqueued_at: float
+    namespace: str = ""  # whose kept prefixes it may reuse (choose_slot)
     seqs: list[_Seq] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens whose KV is written (on seqs[0]'s slot)
     cached: int = 0  # of those, resumed from a cache (resume())
@@ -180,6 +181,7 @@ class Scheduler:
         queue_timeout_s: float = 30.0,
         end_ids: Collection[int] = (),
         clock: Callable[[], float] = time.monotonic,
+        choose_slot: Callable[[tuple[int, ...], list[int], str], int] | None = None,
     ):
         if n_slots < 1:
             raise ValueError("a scheduler needs at least one slot")
@@ -191,6 +193,9 @@ class Scheduler:
         self.queue_timeout_s = queue_timeout_s
         self.end_ids = frozenset(end_ids)
         self.clock = clock
+        # (prompt, free slots, the group's cache namespace) -> the slot for a group's
+        # first sequence (the prefix cache's choice); None: the lowest free slot.
+        self.choose_slot = choose_slot
         self._free: list[int] = list(range(n_slots))  # a heap: the lowest free slot first
         self._waiting: deque[_Group] = deque()
         self._running: dict[int, _Group] = {}  # admission order
@@ -203,13 +208,18 @@ class Scheduler:
 
     # --- the HTTP side -------------------------------------------------------------------
 
-    def add(self, prompt: tuple[int, ...], n: int = 1, max_tokens: int = 1) -> int:
-        """Queue a request of `n` choices; returns its group id. Raises QueueFull."""
+    def add(
+        self, prompt: tuple[int, ...], n: int = 1, max_tokens: int = 1, namespace: str = ""
+    ) -> int:
+        """Queue a request of `n` choices (`namespace`: whose kept prefixes it may reuse);
+        returns its group id. Raises QueueFull."""
         if self._queued_behind(min(n, self.served_slots)) >= self.queue_depth + 1:
             raise QueueFull(
                 f"all {self.served_slots} slots are busy and {self.queued} requests wait"
             )
-        group = _Group(next(self._group_ids), tuple(prompt), max(1, n), max_tokens, self.clock())
+        group = _Group(
+            next(self._group_ids), tuple(prompt), max(1, n), max_tokens, self.clock(), namespace
+        )
         self._waiting.append(group)
         return group.group_id
 
@@ -456,7 +466,7 @@ class Scheduler:
                 break
             self._waiting.popleft()
             for index in range(group.n):
-                slot = heapq.heappop(self._free) if index < k else -1
+                slot = self._take_slot(group if index == 0 else None) if index < k else -1
                 seq = _Seq(next(self._seq_ids), group, index, slot=slot)
                 group.seqs.append(seq)
                 self._seqs[seq.seq_id] = seq
@@ -469,6 +479,14 @@ class Scheduler:
                 )
             )
         return started
+
+    def _take_slot(self, group: _Group | None) -> int:
+        if group is None or self.choose_slot is None:
+            return heapq.heappop(self._free)
+        slot = self.choose_slot(group.prompt, list(self._free), group.namespace)
+        self._free.remove(slot)
+        heapq.heapify(self._free)
+        return slot
 
     def _position(self, seq: _Seq) -> int:
         """Where the sequence's next decoded token (its last sampled one) goes in the KV."""

@@ -17,7 +17,6 @@ import logging
 import math
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
@@ -71,6 +70,7 @@ from .session_blob import KVLayout, SessionSnapshot
 from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
 from .sessions import Conversation, Resume, SessionInfo, SessionKey, SessionTable
+from .slot_cache import SlotContents
 
 log = logging.getLogger("pantheon.engine.service")
 
@@ -124,10 +124,6 @@ MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the lad
 IDLE_WAIT_S = 0.25  # an idle engine thread still wakes this often (queue timeouts, ladder)
 MAX_RETRY_AFTER_S = 30
 SESSION_REAP_S = 1.0  # how often the engine thread drops idle sessions
-# A slot a session turn parked from keeps its KV this long (its pages are not handed
-# back), so the session's next turn that lands in it resumes without copying the parked
-# prefix back (a 1.9k-token SmolLM2 prefix is 87 MB: ~70 ms of page faults and copying).
-RESIDENT_S = 60.0
 FALLBACK_PREFILL_TOK_PER_S = 100.0  # estimates before a prefill rate is measured
 
 
@@ -215,12 +211,13 @@ class ModelService:
         self.kv = model.make_kv_cache(
             self.max_concurrent_configured, self.context_window_configured
         )
-        # Slots whose KV is still a parked conversation's (engine thread only): parked
-        # this step (the slot frees with it) and, once freed, resident until reused,
-        # expired (RESIDENT_S) or beyond the cap (a quarter of the slots, at least one).
-        self._parked_from: dict[int, weakref.ref] = {}
-        self._resident: dict[int, tuple[weakref.ref, float]] = {}
-        self._resident_cap = max(1, self.max_concurrent_configured // 4)
+        # What free slots still hold (engine thread only): the prefix cache, and a
+        # session's parked conversation in the slot it parked from (at most a quarter of
+        # the slots: a 1.9k-token SmolLM2 prefix is 87 MB to copy back otherwise).
+        self.slot_contents = SlotContents(
+            max_positions=2 * self.context_window_configured,
+            max_parked=self.max_concurrent_configured // 4,
+        )
         self.ladder = MemoryLadder(
             self.max_concurrent_configured,
             self.context_window_configured,
@@ -233,6 +230,7 @@ class ModelService:
             queue_depth=config.queue_depth,
             queue_timeout_s=config.queue_timeout_s,
             end_ids=tokenizer.end_of_turn_ids,
+            choose_slot=self.slot_contents.prefer,
         )
         self.runner = Runner(model, self.kv)
         self.sessions = SessionTable(
@@ -438,6 +436,20 @@ class ModelService:
         self._wake.set()
         return future
 
+    def clear_prefix_cache(self) -> Future:
+        """Forget the KV that free slots keep for prompts beginning the same way (their
+        pages go back to the OS); the next prompts are computed whole. Resolves to the
+        number of slots released."""
+
+        def job():
+            slots = self.slot_contents.clear()
+            for slot in slots:
+                self.kv.release(slot)
+            return len(slots)
+            yield  # a generator: submit() runs it on the engine thread
+
+        return self.submit(job())
+
     def embed(self, token_lists: Sequence[Sequence[int]]) -> Future:
         """Embeddings of token lists, (N, D) float32 L2-normalised rows pooled as
         `self.pooling`: each list prefilled alone in `prefill_chunk` chunks on a scratch
@@ -499,7 +511,9 @@ class ModelService:
             self._begin_session_turn(session_id, len(request.prompt_ids))
         with self._lock:
             try:
-                req.group_id = self.scheduler.add(request.prompt_ids, n, request.params.max_tokens)
+                req.group_id = self.scheduler.add(
+                    request.prompt_ids, n, request.params.max_tokens, request.cache_namespace
+                )
             except QueueFull as exc:
                 if session_id is not None:
                     self.sessions.end_turn(session_id)
@@ -724,7 +738,7 @@ class ModelService:
             started = self.scheduler.admit()
             self._start(started)
             resuming = [(s, self._requests.get(s.group_id)) for s in started]
-        resumed = self._load_session_prefixes(resuming)  # KV copies, outside the lock
+        resumed = self._resume_prefixes(resuming)  # KV copies, outside the lock
         with self._lock:
             for group_id, cached in resumed:
                 self.scheduler.resume(group_id, cached)
@@ -784,65 +798,57 @@ class ModelService:
                     out=ChoiceOutput(request, index, self.tokenizer, state),
                 )
 
-    def _load_session_prefixes(self, resuming) -> list[tuple[int, int]]:
-        """Session turns just admitted: copy the KV of the conversation each prompt
-        continues into its first slot, unless that slot still holds it (the turn before
-        parked from it and nothing has used it since). Returns (group id, cached tokens)
-        to resume."""
+    def _resume_prefixes(self, resuming) -> list[tuple[int, int]]:
+        """Groups just admitted whose prompt begins with KV that exists already: a session
+        turn's conversation (copied into the group's first slot unless that slot still
+        holds it) and whatever that slot itself still holds (the prefix cache), whichever
+        covers more. Returns (group id, cached tokens) to resume."""
         resumed = []
         for started, req in resuming:
-            sid = req.request.session_id if req is not None else None
-            if sid is not None and self.sessions.enabled and started.slots:
-                req.resume = self.sessions.match(sid, req.request.prompt_ids)
+            if req is None or not started.slots:
+                continue
+            slot, prompt = started.slots[0], req.request.prompt_ids
+            cached = 0
+            sid = req.request.session_id
+            if sid is not None and self.sessions.enabled:
+                req.resume = self.sessions.match(sid, prompt)
                 conv, cached = req.resume.conversation, req.resume.cached
                 if conv is not None and cached > 0:
-                    if self._slot_holds(started.slots[0]) is not conv:
-                        self.kv.load(started.slots[0], conv.k, conv.v, cached)
-                    resumed.append((started.group_id, cached))
-            for slot in started.slots:  # reused from now on: no longer a parked copy
-                self._parked_from.pop(slot, None)
-                self._resident.pop(slot, None)
+                    if self.slot_contents.parked_conversation(slot) is not conv:
+                        self.kv.load(slot, conv.k, conv.v, cached)
+            # Positions the slot holds for this prompt stay valid past a copy into it:
+            # the copy wrote the same tokens' KV over the first of them.
+            namespace = req.request.cache_namespace
+            cached = max(cached, self.slot_contents.reusable(slot, prompt, namespace))
+            if cached > 0:
+                resumed.append((started.group_id, cached))
+            self.slot_contents.taken(started.slots)  # overwritten from now on
         return resumed
 
-    def _slot_holds(self, slot: int):
-        """The parked conversation whose KV `slot` still holds, or None."""
-        ref = self._parked_from.get(slot)
-        if ref is None and slot in self._resident:
-            ref = self._resident[slot][0]
-        return ref() if ref is not None else None
-
     def _release_freed(self, freed: list[int]) -> None:
-        """Hand freed slots' KV pages back to the OS, but keep a slot a session just parked
-        from (resident, for the session's next turn); expire resident slots past
-        RESIDENT_S, whose conversation is gone, or beyond the cap (oldest first)."""
-        now = time.monotonic()
-        for slot in freed:
-            ref = self._parked_from.pop(slot, None)
-            if ref is not None and ref() is not None:
-                self._resident[slot] = (ref, now)
-            else:
-                self.kv.release(slot)
-        self._parked_from.clear()  # parked from a slot that was handed on, not freed
-        by_age = sorted(self._resident.items(), key=lambda item: item[1][1])
-        for i, (slot, (ref, since)) in enumerate(by_age):
-            if ref() is None or now - since > RESIDENT_S or len(by_age) - i > self._resident_cap:
-                del self._resident[slot]
-                self.kv.release(slot)
+        """Hand back the KV pages of freed slots that hold nothing worth keeping, and of
+        kept ones past the bounds (slot_cache)."""
+        for slot in self.slot_contents.freed(freed, time.monotonic()):
+            self.kv.release(slot)
 
     def _park_session(self, ch: _Choice, event: Finished) -> bool:
-        """Choice 0 of a session turn ended: keep its slot's KV (still intact: the slot is
-        reused only at the next step) as the session's newest conversation. Returns the
-        session_conflict flag."""
+        """A choice ended: note what its slot holds (still intact: the slot is reused only
+        at the next step) for the prefix cache; for choice 0 of a session turn, keep that
+        KV as the session's newest conversation. Returns the session_conflict flag."""
         request = ch.req.request
-        if ch.index != 0 or request.session_id is None or not self.sessions.enabled:
-            return False
         n_out = event.kv_written - len(request.prompt_ids)
         tokens = (*request.prompt_ids, *ch.token_ids[:n_out])
         if n_out < 0 or len(tokens) != event.kv_written or event.slot < 0:
             return False
+        now = time.monotonic()
+        if ch.index != 0 or request.session_id is None or not self.sessions.enabled:
+            self.slot_contents.ended(event.slot, tokens, now, request.cache_namespace)
+            return False
         k, v = self.kv.save(event.slot, event.kv_written)
         conversation = Conversation(tokens, k, v)
-        self._parked_from[event.slot] = weakref.ref(conversation)
+        self.slot_contents.ended(
+            event.slot, tokens, now, request.cache_namespace, parked=conversation
+        )
         return self.sessions.park(request.session_id, conversation, ch.req.resume)
 
     def _reap_sessions(self) -> None:
@@ -992,6 +998,8 @@ class ModelService:
         with self._lock:
             events = self.scheduler.set_limits(slots, window)
         self._deliver(events)
+        for slot in self.slot_contents.clear():  # kept prefixes are the first to go
+            self.kv.release(slot)
 
     def _note_times(self) -> None:
         t = self.runner.last

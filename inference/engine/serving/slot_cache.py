@@ -1,0 +1,158 @@
+"""What a free KV slot still holds, so that the next prompt sharing its beginning resumes
+there instead of computing it again (the prefix cache), and a session's next turn lands
+in the slot its last turn parked from without copying the parked prefix back.
+
+A sequence that ends leaves its KV in its slot: the prompt and every output token fed
+back. Instead of handing those pages back to the OS at once, the slot is kept with the
+tokens it holds, and admission gives a new request the free slot whose tokens share the
+longest beginning with its prompt (a chat's system prompt and template, an agent's next
+call with the same history, the same question asked again). The KV of a token depends
+only on the tokens before it, so those positions are the prompt's own; the engine starts
+the prefill after them and reports them as `cached_tokens`. llama.cpp's server does the
+same per slot (`cache_prompt`).
+
+Bounds: a kept slot is released (its pages handed back) after KEEP_S unused, when the
+kept positions pass `max_positions` (oldest first), or, for a session's parked
+conversation, beyond `max_parked` slots or once that conversation is gone from the
+session table (a released session leaves nothing behind). Kept tokens are reused only by
+requests of the namespace (API key) that wrote them. Engine thread only.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+# A free slot keeps its KV this long for a prompt (or a session turn) that continues it.
+KEEP_S = 60.0
+
+
+@dataclass
+class _Kept:
+    tokens: tuple[int, ...]
+    since: float
+    namespace: str = ""  # whose request wrote them (GenerationRequest.cache_namespace)
+    parked: weakref.ref | None = None  # the session conversation these tokens are
+
+    @property
+    def gone(self) -> bool:
+        """A session conversation's copy whose conversation is gone (released, expired,
+        evicted): the session's KV goes with it."""
+        return self.parked is not None and self.parked() is None
+
+
+def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class SlotContents:
+    def __init__(self, max_positions: int, max_parked: int):
+        self.max_positions = max_positions
+        self.max_parked = max(1, max_parked)
+        self._kept: dict[int, _Kept] = {}
+        # Sequences that ended this step, by slot: what the slot holds once it is freed
+        # (a slot handed on to a waiting choice of the same request is not freed).
+        self._ended: dict[int, _Kept] = {}
+
+    # --- as sequences end and slots free ----------------------------------------------
+
+    def ended(
+        self, slot: int, tokens: tuple[int, ...], now: float, namespace: str = "", parked=None
+    ) -> None:
+        """A sequence of `namespace` ended in `slot` with `tokens` written (`parked`: the
+        session conversation made of them)."""
+        ref = weakref.ref(parked) if parked is not None else None
+        self._ended[slot] = _Kept(tuple(tokens), now, namespace, ref)
+
+    def freed(self, slots: list[int], now: float) -> list[int]:
+        """Slots freed this step: those to release now (nothing to keep); the rest are
+        kept. Then the bounds, applied oldest first."""
+        release = []
+        for slot in slots:
+            kept = self._ended.pop(slot, None)
+            if kept is not None and kept.tokens:
+                self._kept[slot] = kept
+            else:
+                self._kept.pop(slot, None)
+                release.append(slot)
+        self._ended.clear()  # ended in a slot handed on: that slot decodes on
+        return release + self._over_bounds(now)
+
+    def _over_bounds(self, now: float) -> list[int]:
+        out = []
+        positions = parked = 0
+        for slot, kept in sorted(self._kept.items(), key=lambda item: -item[1].since):
+            is_parked = kept.parked is not None and not kept.gone
+            positions += len(kept.tokens)
+            parked += is_parked
+            if (
+                kept.gone
+                or now - kept.since > KEEP_S
+                or positions > self.max_positions
+                or (is_parked and parked > self.max_parked)
+            ):
+                out.append(slot)
+        for slot in out:
+            del self._kept[slot]
+        return out
+
+    def taken(self, slots) -> None:
+        """These slots are in use again: what they held is being overwritten."""
+        for slot in slots:
+            self._kept.pop(slot, None)
+            self._ended.pop(slot, None)
+
+    def clear(self) -> list[int]:
+        """Forget everything kept; the slots to release."""
+        slots = list(self._kept)
+        self._kept.clear()
+        self._ended.clear()
+        return slots
+
+    # --- admission ---------------------------------------------------------------------
+
+    def prefer(self, prompt: tuple[int, ...], free: list[int], namespace: str = "") -> int:
+        """The free slot for a prompt's first sequence: the one whose kept tokens (of
+        the same namespace) share the longest beginning with it; else an empty one (the
+        lowest), so that kept prefixes survive; else the least recently kept."""
+        best, best_n = -1, 0
+        for slot in free:
+            n = self.reusable(slot, prompt, namespace)
+            if n > best_n:
+                best, best_n = slot, n
+        if best >= 0:
+            return best
+        empty = [slot for slot in free if self._held(slot) is None]
+        if empty:
+            return min(empty)
+        return min(free, key=lambda slot: self._held(slot).since)
+
+    def reusable(self, slot: int, prompt: tuple[int, ...], namespace: str = "") -> int:
+        """Positions of `prompt` that `slot`'s kept KV already holds for `namespace`."""
+        kept = self._held(slot)
+        if kept is None or kept.namespace != namespace or kept.gone:
+            return 0
+        return common_prefix(kept.tokens, prompt)
+
+    def parked_conversation(self, slot: int):
+        """The session conversation whose KV `slot` holds, or None."""
+        kept = self._held(slot)
+        return kept.parked() if kept is not None and kept.parked is not None else None
+
+    def _held(self, slot: int) -> _Kept | None:
+        # A slot freed in the step before is admitted from before freed() has run.
+        return self._kept.get(slot) or self._ended.get(slot)
+
+    def __len__(self) -> int:
+        return len(self._kept)

@@ -1,0 +1,137 @@
+"""The prefix cache: a free slot keeps the KV its last sequence wrote, and a prompt that
+begins with those tokens resumes after them (reported as cached_tokens) with the same
+answer as computed cold; the bounds hand kept slots back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from inference.engine.serving import slot_cache
+from inference.engine.serving.slot_cache import SlotContents, common_prefix
+from inference.engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+
+
+@pytest.fixture
+def svc(smollm2_service):
+    deadline = time.monotonic() + 10
+    while smollm2_service.busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not smollm2_service.busy
+    forget(smollm2_service)
+    return smollm2_service
+
+
+def forget(svc) -> None:
+    """Drop what the slots keep: the next prompt runs cold."""
+    svc.clear_prefix_cache().result(timeout=30)
+
+
+def run(svc, prompt, namespace="") -> tuple[str, FinishEvent]:
+    async def go():
+        text, finish = "", None
+        request = GenerationRequest("pc", tuple(prompt), GREEDY, cache_namespace=namespace)
+        async for event in svc.generate(request):
+            if isinstance(event, TokenEvent):
+                text += event.text
+            else:
+                finish = event
+        return text, finish
+
+    return asyncio.run(go())
+
+
+def test_the_same_prompt_again_resumes_from_the_slot_and_answers_the_same(svc):
+    prompt = svc.encode_chat([{"role": "user", "content": "Name a large animal."}])
+    cold, first = run(svc, prompt)
+    assert first.usage.cached_tokens == 0
+    warm, again = run(svc, prompt)
+    assert again.usage.cached_tokens == len(prompt) - 1  # the last token gives the logits
+    assert warm == cold
+
+
+def test_a_prompt_sharing_the_template_reuses_only_the_shared_tokens(svc):
+    a = svc.encode_chat([{"role": "user", "content": "Describe the sea."}])
+    b = svc.encode_chat([{"role": "user", "content": "Describe a mountain."}])
+    shared = common_prefix(tuple(a), tuple(b))
+    assert 0 < shared < len(b) - 1
+    run(svc, a)
+    warm, finish = run(svc, b)
+    assert finish.usage.cached_tokens == shared
+    forget(svc)
+    cold, finish = run(svc, b)
+    assert finish.usage.cached_tokens == 0
+    assert warm == cold
+
+
+def test_a_continued_conversation_reuses_the_answer_s_tokens_too(svc):
+    """Turn 2 of a chat sent without a session id: the slot holds turn 1's prompt and the
+    answer's tokens, and the new prompt begins with them (as far as the template agrees)."""
+    first = [{"role": "user", "content": "Say hello."}]
+    prompt = svc.encode_chat(first)
+    answer, _ = run(svc, prompt)
+    follow = svc.encode_chat(
+        [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "Again."}]
+    )
+    _, finish = run(svc, follow)
+    assert finish.usage.cached_tokens > len(prompt)
+
+
+def test_one_key_never_reuses_what_another_key_left(svc):
+    """The cache is partitioned by the caller's namespace: cached_tokens (and the time
+    saved) would tell key B that key A sent the same prompt."""
+    prompt = svc.encode_chat([{"role": "user", "content": "A secret question."}])
+    run(svc, prompt, namespace="key-a")
+    assert run(svc, prompt, namespace="key-b")[1].usage.cached_tokens == 0
+    assert run(svc, prompt, namespace="key-a")[1].usage.cached_tokens == len(prompt) - 1
+
+
+def test_admission_prefers_the_slot_with_the_longest_shared_beginning():
+    contents = SlotContents(max_positions=1000, max_parked=1)
+    contents.ended(0, (1, 2, 3, 4), now=0.0)
+    contents.ended(1, (1, 2, 9), now=0.0)
+    assert contents.freed([0, 1], now=0.0) == []
+    assert contents.reusable(0, (1, 2, 3), namespace="other") == 0
+    assert contents.prefer((1, 2, 9, 9), [0, 1, 2]) == 1
+    assert contents.prefer((1, 2, 3, 4, 5), [0, 1, 2]) == 0
+    assert contents.reusable(0, (1, 2, 3, 4, 5)) == 4
+    # Nothing shared: an empty slot, so that kept prefixes survive; none: the oldest kept.
+    assert contents.prefer((7,), [0, 1, 2]) == 2
+    contents.ended(1, (1, 2, 9), now=5.0)
+    contents.freed([1], now=5.0)
+    assert contents.prefer((7,), [0, 1]) == 0
+    contents.taken([0])
+    assert contents.reusable(0, (1, 2, 3)) == 0
+
+
+def test_kept_slots_are_handed_back_past_the_bounds():
+    contents = SlotContents(max_positions=6, max_parked=1)
+    contents.ended(0, (1, 2, 3), now=0.0)
+    contents.ended(1, (4, 5, 6), now=1.0)
+    assert contents.freed([0, 1], now=1.0) == []
+    contents.ended(2, (7, 8), now=2.0)
+    assert contents.freed([2], now=2.0) == [0]  # 8 positions > 6: the oldest goes
+    assert sorted(contents.freed([], now=2.0 + slot_cache.KEEP_S + 1)) == [1, 2]  # unused
+    assert len(contents) == 0
+    # A slot whose sequence ended with nothing to keep (or was never noted) is released.
+    assert contents.freed([3], now=0.0) == [3]
+
+
+def test_only_a_quarter_of_the_slots_keep_parked_conversations():
+    class Conv:  # a parked conversation stands for itself (weakly referenced)
+        pass
+
+    convs = [Conv(), Conv()]
+    contents = SlotContents(max_positions=1000, max_parked=1)
+    contents.ended(0, (1,), now=0.0, parked=convs[0])
+    contents.ended(1, (2,), now=1.0, parked=convs[1])
+    assert contents.freed([0, 1], now=1.0) == [0]
+    assert contents.parked_conversation(1) is convs[1]
+    assert contents.reusable(1, (2, 3)) == 1
+    del convs[1]  # the session released: its copy in the slot goes too
+    assert contents.reusable(1, (2, 3)) == 0
+    assert contents.freed([], now=1.0) == [1]
