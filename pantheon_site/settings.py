@@ -23,6 +23,8 @@ PANTHEON_THREADS       threads of the engine, one pool for every loaded model (0
                        kernels/threads.py)
 PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they were
                        built, else numpy), cpu, or numpy (the float32 reference)
+PANTHEON_PREFIX_CACHE  1: a free slot keeps its last request's KV for a prompt that begins
+                       the same way, per API key (0: only session turns resume) (1)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
@@ -310,6 +312,8 @@ PANTHEON_ENGINE_OPTIONS = {
     "weight_cache_max_bytes": env_int("PANTHEON_WEIGHT_CACHE_MAX_MB", 8192) * 2**20,
     # Sessions: idle ones are dropped after the TTL; a watched one once its last watch
     # has been closed for the grace period (GET /session/watch).
+    # Free slots keep their last request's KV for prompts that begin the same way.
+    "prefix_cache": env_bool("PANTHEON_PREFIX_CACHE", True),
     "session_idle_ttl_s": env_int("PN_SESSION_IDLE_TTL_MS", 43_200_000) / 1000,
     "session_watch_grace_s": env_int("PN_SESSION_WATCH_GRACE_MS", 45_000) / 1000,
     "max_watches": env_int("PANTHEON_MAX_WATCHES", 64),

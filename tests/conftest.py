@@ -7,11 +7,17 @@ Runtime each, so registrations never leak from one test into the next.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.support import skip_or_fail
+
+# The suite runs without the prefix cache across requests, here and in the servers the
+# e2e tests start (tests/engine/test_prefix_cache.py and tests/e2e/test_prefix_cache_http.py
+# turn it on): most tests compare one request's usage with another's, each computed cold.
+os.environ["PANTHEON_PREFIX_CACHE"] = "0"
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,17 +63,11 @@ def smollm2_service(smollm2_path: Path):
     from inference.engine.serving.service import ModelService
     from inference.engine.types import ModelConfig
 
-    svc = ModelService.load(ModelConfig(name=SMOLLM2_NAME, path=str(smollm2_path)))
+    svc = ModelService.load(
+        ModelConfig(name=SMOLLM2_NAME, path=str(smollm2_path), prefix_cache=False)
+    )
     yield svc
     svc.close()
-
-
-@pytest.fixture(autouse=True)
-def cold_prefix_cache(request):
-    """Each test that uses the session's SmolLM2 starts with nothing kept in its slots, so
-    its first prompt is computed whole (cached_tokens 0) whatever ran before it."""
-    if "smollm2_service" in request.fixturenames:
-        request.getfixturevalue("smollm2_service").clear_prefix_cache().result(timeout=60)
 
 
 def use_runtime(monkeypatch, runtime) -> None:
@@ -94,6 +94,19 @@ def served(empty_runtime, smollm2_service):
     yield empty_runtime
     for info in smollm2_service.session_info():
         smollm2_service.release_session(info.session_id)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_prefix_cache_across_requests():
+    """Models the runtime loads in this process: as the servers above (the settings were
+    read before this file set the environment)."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        settings.PANTHEON_ENGINE_OPTIONS["prefix_cache"] = False
+    except ImproperlyConfigured:  # engine tests run without Django (-p no:django)
+        pass
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -33,6 +33,9 @@ class ModelConfig:
     # ("" = no cache); least recently used models are evicted past the cap.
     weight_cache_dir: str = ""
     weight_cache_max_bytes: int = 8 << 30
+    # A free slot keeps its last request's KV for a prompt beginning with the same tokens
+    # (serving/slot_cache.py); False: only a session's next turn resumes (PANTHEON_PREFIX_CACHE).
+    prefix_cache: bool = True
     # Sessions (prefix cache): an idle session id is dropped after this long; a watched
     # one once its last watch has been gone this long; at most this many watches held.
     session_idle_ttl_s: float = 12 * 3600.0

@@ -24,7 +24,13 @@ PRESSURE = "/admin/debug/simulate-memory-pressure"
 def small(empty_runtime, smollm2_service):
     """The session's SmolLM2 weights with one slot and a queue of one."""
     svc = smollm2_service.sibling(
-        ModelConfig(name=NAME, path=smollm2_service.path, max_concurrent=1, queue_depth=1)
+        ModelConfig(
+            name=NAME,
+            path=smollm2_service.path,
+            max_concurrent=1,
+            queue_depth=1,
+            prefix_cache=False,
+        )
     )
     empty_runtime.register(NAME, svc)
     yield svc
@@ -34,7 +40,7 @@ def small(empty_runtime, smollm2_service):
 @pytest.fixture
 def eight_slots(empty_runtime, smollm2_service):
     svc = smollm2_service.sibling(
-        ModelConfig(name=NAME, path=smollm2_service.path, max_concurrent=8)
+        ModelConfig(name=NAME, path=smollm2_service.path, max_concurrent=8, prefix_cache=False)
     )
     empty_runtime.register(NAME, svc)
     yield svc

@@ -18,7 +18,7 @@ REQUEST = {"messages": HELLO, "temperature": 1.0, "seed": 5, "max_tokens": 4, "n
 def two_slots(empty_runtime, smollm2_service):
     """The session's SmolLM2 weights served with two slots."""
     svc = smollm2_service.sibling(
-        ModelConfig(name=NAME, path=smollm2_service.path, max_concurrent=2)
+        ModelConfig(name=NAME, path=smollm2_service.path, max_concurrent=2, prefix_cache=False)
     )
     empty_runtime.register(NAME, svc)
     yield svc

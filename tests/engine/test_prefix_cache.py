@@ -5,7 +5,7 @@ answer as computed cold; the bounds hand kept slots back."""
 from __future__ import annotations
 
 import asyncio
-import time
+import dataclasses
 
 import pytest
 
@@ -16,14 +16,20 @@ from inference.engine.types import FinishEvent, GenerationRequest, SamplingParam
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def svc(smollm2_service):
-    deadline = time.monotonic() + 10
-    while smollm2_service.busy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not smollm2_service.busy
-    forget(smollm2_service)
-    return smollm2_service
+    """The session's SmolLM2 weights served with the prefix cache on (the suite's own
+    service runs without it)."""
+    config = dataclasses.replace(smollm2_service.config, name="prefix", prefix_cache=True)
+    sibling = smollm2_service.sibling(config)
+    yield sibling
+    sibling.close()
+
+
+@pytest.fixture(autouse=True)
+def cold(request):
+    if "svc" in request.fixturenames:
+        forget(request.getfixturevalue("svc"))
 
 
 def forget(svc) -> None:

@@ -475,7 +475,13 @@ def test_finished_sequences_are_measured():
 @pytest.fixture
 def one_slot(empty_runtime, smollm2_service):
     svc = smollm2_service.sibling(
-        ModelConfig(name=NAME, path=smollm2_service.path, max_concurrent=1, queue_depth=3)
+        ModelConfig(
+            name=NAME,
+            path=smollm2_service.path,
+            max_concurrent=1,
+            queue_depth=3,
+            prefix_cache=False,
+        )
     )
     empty_runtime.register(NAME, svc)
     yield svc

@@ -818,8 +818,9 @@ class ModelService:
                         self.kv.load(slot, conv.k, conv.v, cached)
             # Positions the slot holds for this prompt stay valid past a copy into it:
             # the copy wrote the same tokens' KV over the first of them.
-            namespace = req.request.cache_namespace
-            cached = max(cached, self.slot_contents.reusable(slot, prompt, namespace))
+            if self.config.prefix_cache:
+                namespace = req.request.cache_namespace
+                cached = max(cached, self.slot_contents.reusable(slot, prompt, namespace))
             if cached > 0:
                 resumed.append((started.group_id, cached))
             self.slot_contents.taken(started.slots)  # overwritten from now on
@@ -842,7 +843,8 @@ class ModelService:
             return False
         now = time.monotonic()
         if ch.index != 0 or request.session_id is None or not self.sessions.enabled:
-            self.slot_contents.ended(event.slot, tokens, now, request.cache_namespace)
+            if self.config.prefix_cache:
+                self.slot_contents.ended(event.slot, tokens, now, request.cache_namespace)
             return False
         k, v = self.kv.save(event.slot, event.kv_written)
         conversation = Conversation(tokens, k, v)
