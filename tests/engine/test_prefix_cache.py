@@ -114,6 +114,50 @@ def test_admission_prefers_the_slot_with_the_longest_shared_beginning():
     assert contents.reusable(0, (1, 2, 3)) == 0
 
 
+def test_a_shared_beginning_is_copied_rather_than_a_longer_conversation_overwritten():
+    contents = SlotContents(max_positions=1000, max_parked=1)
+    contents.ended(0, (1, 2, 3, 4, 5), now=0.0)  # someone's conversation
+    contents.ended(1, (8, 8), now=1.0)
+    contents.freed([0, 1], now=1.0)
+    # Shares (1, 2) with slot 0, which holds more: the empty slot 2 gets a copy of them.
+    assert contents.prefer((1, 2, 7), [0, 1, 2]) == 2
+    assert contents.copy_source(2) == (0, 2)
+    assert contents.copy_source(2) is None  # once
+    # No empty slot: the least recently kept other one (1) takes the copy.
+    assert contents.prefer((1, 2, 7), [0, 1]) == 1
+    assert contents.copy_source(1) == (0, 2)
+    # A prompt continuing all that slot 0 holds resumes in it, nothing copied.
+    assert contents.prefer((1, 2, 3, 4, 5, 6), [0, 1, 2]) == 0
+    assert contents.copy_source(0) is None
+    # Taking a slot drops a copy planned for it that never ran (its group went away).
+    contents.prefer((1, 2, 7), [0, 1, 2])
+    contents.taken([2])
+    assert contents.copy_source(2) is None
+    # Without sharing (PANTHEON_PREFIX_CACHE=0) nothing is copied.
+    private = SlotContents(max_positions=1000, max_parked=1, share=False)
+    private.ended(0, (1, 2, 3, 4, 5), now=0.0)
+    private.freed([0], now=0.0)
+    assert private.prefer((1, 2, 7), [0, 1]) == 1 and private.copy_source(1) is None
+
+
+def test_a_copied_prefix_answers_as_cold_and_leaves_the_longer_conversation(svc):
+    system = {"role": "system", "content": "You are a terse geography tutor."}
+    first = [system, {"role": "user", "content": "Name a river in France."}]
+    prompt = svc.encode_chat(first)
+    answer, _ = run(svc, prompt)
+    other = svc.encode_chat([system, {"role": "user", "content": "Name a lake in Italy."}])
+    shared = common_prefix(tuple(prompt), tuple(other))
+    warm, finish = run(svc, other)
+    assert finish.usage.cached_tokens == shared  # copied from the first conversation's slot
+    follow = svc.encode_chat(
+        [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "More?"}]
+    )
+    _, finish = run(svc, follow)
+    assert finish.usage.cached_tokens > len(prompt)  # its slot was not overwritten
+    forget(svc)
+    assert run(svc, other)[0] == warm
+
+
 def test_kept_slots_are_handed_back_past_the_bounds():
     contents = SlotContents(max_positions=6, max_parked=1)
     contents.ended(0, (1, 2, 3), now=0.0)

@@ -2,7 +2,10 @@
 
 Each prefill chunk is its own forward pass on its sequence's slot (chunk boundaries are
 fixed per prompt, so a prompt is computed the same way whatever else runs); all decode
-rows go through one batched pass (`forward_decode`, batch invariant, every architecture).
+rows go through one batched pass (`forward_decode`, batch invariant, every architecture),
+and so does a prompt's one-token last chunk (a prompt resumed from cached KV all but its
+last token: the same work as decoding that token), so that eight such requests admitted
+together cost one pass instead of eight.
 Each sequence
 chooses its token through its own DecodeState (decoding/state.py: forced tokens, grammar mask,
 its own sampler and RNG), so its random stream does not depend on its neighbours.
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..decoding.state import DecodeState, choose_rows
-from .scheduler import Batch
+from .scheduler import Batch, DecodeRow, PrefillChunk
 
 
 @dataclass
@@ -43,7 +46,10 @@ class Runner:
         sampled: dict[int, int] = {}
         times = StepTimes()
         t0 = time.perf_counter()
+        folded = [c for c in batch.prefill if _one_token_last_chunk(c)]
         for chunk in batch.prefill:
+            if _one_token_last_chunk(chunk):
+                continue
             tokens = np.asarray(chunk.token_ids, dtype=np.int64)
             logits = self.model.forward(tokens, chunk.start, self.kv, chunk.slot)
             times.prefill_tokens += len(tokens)
@@ -58,8 +64,11 @@ class Runner:
                     sampled.update(zip(seq_ids, tokens, strict=True))
         t1 = time.perf_counter()
         times.prefill_s = t1 - t0
-        if batch.decode:
-            rows = batch.decode
+        rows = (
+            *batch.decode,
+            *(DecodeRow(c.seq_id, c.slot, c.start, c.token_ids[0]) for c in folded),
+        )
+        if rows:
             logits = self._decode(rows)
             live = [i for i, row in enumerate(rows) if row.seq_id in states]
             if live:
@@ -78,3 +87,12 @@ class Runner:
             [r.slot for r in rows],
             self.kv,
         )
+
+
+def _one_token_last_chunk(chunk: PrefillChunk) -> bool:
+    """A prompt's last chunk of one token, sampled for its own sequence only: a decode row."""
+    return (
+        len(chunk.token_ids) == 1
+        and not chunk.copy_to_slots
+        and chunk.sample_seq_ids == (chunk.seq_id,)
+    )

@@ -217,6 +217,7 @@ class ModelService:
         self.slot_contents = SlotContents(
             max_positions=2 * self.context_window_configured,
             max_parked=self.max_concurrent_configured // 4,
+            share=config.prefix_cache,
         )
         self.ladder = MemoryLadder(
             self.max_concurrent_configured,
@@ -805,17 +806,23 @@ class ModelService:
         covers more. Returns (group id, cached tokens) to resume."""
         resumed = []
         for started, req in resuming:
+            copy = self.slot_contents.copy_source(started.slots[0]) if started.slots else None
             if req is None or not started.slots:
+                self.slot_contents.taken(started.slots)
                 continue
             slot, prompt = started.slots[0], req.request.prompt_ids
             cached = 0
+            if copy is not None:  # a kept prefix another conversation's slot also holds
+                source, cached = copy
+                self.kv.copy_prefix(source, slot, cached)
             sid = req.request.session_id
             if sid is not None and self.sessions.enabled:
                 req.resume = self.sessions.match(sid, prompt)
-                conv, cached = req.resume.conversation, req.resume.cached
-                if conv is not None and cached > 0:
+                conv, resumed_n = req.resume.conversation, req.resume.cached
+                if conv is not None and resumed_n > cached:
                     if self.slot_contents.parked_conversation(slot) is not conv:
-                        self.kv.load(slot, conv.k, conv.v, cached)
+                        self.kv.load(slot, conv.k, conv.v, resumed_n)
+                    cached = resumed_n
             # Positions the slot holds for this prompt stay valid past a copy into it:
             # the copy wrote the same tokens' KV over the first of them.
             if self.config.prefix_cache:

@@ -57,13 +57,19 @@ def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 class SlotContents:
-    def __init__(self, max_positions: int, max_parked: int):
+    def __init__(self, max_positions: int, max_parked: int, share: bool = True):
+        # share=False: only a session's own next turn lands in the slot it parked from;
+        # nothing is copied for other prompts (ModelConfig.prefix_cache).
+        self.share = share
         self.max_positions = max_positions
         self.max_parked = max(1, max_parked)
         self._kept: dict[int, _Kept] = {}
         # Sequences that ended this step, by slot: what the slot holds once it is freed
         # (a slot handed on to a waiting choice of the same request is not freed).
         self._ended: dict[int, _Kept] = {}
+        # Chosen this admission: slot -> (the slot to copy its prompt's first n positions
+        # from, n), so that a longer kept conversation is not overwritten for its prefix.
+        self._copies: dict[int, tuple[int, int]] = {}
 
     # --- as sequences end and slots free ----------------------------------------------
 
@@ -112,6 +118,7 @@ class SlotContents:
         for slot in slots:
             self._kept.pop(slot, None)
             self._ended.pop(slot, None)
+            self._copies.pop(slot, None)
 
     def clear(self) -> list[int]:
         """Forget everything kept; the slots to release."""
@@ -122,21 +129,39 @@ class SlotContents:
 
     # --- admission ---------------------------------------------------------------------
 
-    def prefer(self, prompt: tuple[int, ...], free: list[int], namespace: str = "") -> int:
-        """The free slot for a prompt's first sequence: the one whose kept tokens (of
-        the same namespace) share the longest beginning with it; else an empty one (the
-        lowest), so that kept prefixes survive; else the least recently kept."""
-        best, best_n = -1, 0
+    def prefer(self, prompt: tuple[int, ...], free: list[int], namespace: str = "") -> int | None:
+        """The free slot for a prompt's first sequence. The one whose kept tokens (of the
+        same namespace) share the longest beginning with it, when the prompt continues
+        all of them; when that slot holds more than the shared part (another conversation
+        with the same system prompt), the shared positions are copied into another free
+        slot (`copy_source`) and the longer one stays. Otherwise an empty slot (the
+        lowest), so that kept prefixes survive, else the least recently kept."""
+        best, best_n, whole, whole_n = -1, 0, -1, 0
         for slot in free:
             n = self.reusable(slot, prompt, namespace)
             if n > best_n:
                 best, best_n = slot, n
+            if n > whole_n and n == len(self._held(slot).tokens):
+                whole, whole_n = slot, n  # the prompt continues all it holds
+        if whole >= 0 and (whole_n == best_n or not self.share):
+            return whole
+        others = [slot for slot in free if slot != best]
+        empty = [slot for slot in others if self._held(slot) is None]
+        victim = min(empty) if empty else self._least_recent(others)
         if best >= 0:
-            return best
-        empty = [slot for slot in free if self._held(slot) is None]
-        if empty:
-            return min(empty)
-        return min(free, key=lambda slot: self._held(slot).since)
+            if best == whole or victim is None:
+                return best
+            if self.share:
+                self._copies[victim] = (best, best_n)
+        return victim
+
+    def _least_recent(self, slots: list[int]) -> int | None:
+        return min(slots, key=lambda slot: self._held(slot).since) if slots else None
+
+    def copy_source(self, slot: int) -> tuple[int, int] | None:
+        """(source slot, positions) to copy into `slot` before its prefill, once: what
+        prefer() chose for it."""
+        return self._copies.pop(slot, None)
 
     def reusable(self, slot: int, prompt: tuple[int, ...], namespace: str = "") -> int:
         """Positions of `prompt` that `slot`'s kept KV already holds for `namespace`."""
