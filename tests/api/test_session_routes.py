@@ -496,6 +496,15 @@ async def test_estimate_allows_only_get(client, served):
 # --- the watch consumer, over raw ASGI ---------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def watch_may_touch_the_database(request):
+    """Channels' consumer closes stale database connections as it dispatches (as it does
+    in the server); an async test with database access before this one (pytest-django
+    runs those first) can leave one in the context it runs in. Let it look."""
+    if "watch" in request.node.name:
+        request.getfixturevalue("db")
+
+
 class Watch:
     """One request to the watch consumer, with a client that can hang up."""
 
