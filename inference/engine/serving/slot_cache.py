@@ -125,6 +125,7 @@ class SlotContents:
         slots = list(self._kept)
         self._kept.clear()
         self._ended.clear()
+        self._copies.clear()
         return slots
 
     # --- admission ---------------------------------------------------------------------
