@@ -40,30 +40,15 @@ from inference.engine.serving.service import ModelService  # noqa: E402
 from inference.engine.types import ModelConfig  # noqa: E402
 from pantheon_platform.runtime import get_runtime  # noqa: E402
 from pantheon_site import stack  # noqa: E402
+from tests.support import asgi_scope  # noqa: E402
 
 MODEL = "bench"
 
 
 async def call(app, method: str, path: str, body: bytes = b"") -> tuple[int, list, list]:
     """One request through the ASGI app: (status, body chunks, their arrival times)."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"127.0.0.1:8000"),
-            (b"content-type", b"application/json"),
-            (b"authorization", f"Bearer {KEY}".encode()),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-    }
+    scope = asgi_scope(method, path)
+    scope["headers"].append((b"authorization", f"Bearer {KEY}".encode()))
     sent = False
     status, chunks, times = 0, [], []
 
