@@ -47,9 +47,7 @@ class Runner:
         times = StepTimes()
         t0 = time.perf_counter()
         folded = [c for c in batch.prefill if _one_token_last_chunk(c)]
-        for chunk in batch.prefill:
-            if _one_token_last_chunk(chunk):
-                continue
+        for chunk in (c for c in batch.prefill if c not in folded):
             tokens = np.asarray(chunk.token_ids, dtype=np.int64)
             logits = self.model.forward(tokens, chunk.start, self.kv, chunk.slot)
             times.prefill_tokens += len(tokens)

@@ -839,7 +839,7 @@ class ModelService:
         for slot in self.slot_contents.freed(freed, time.monotonic()):
             self.kv.release(slot)
 
-    def _park_session(self, ch: _Choice, event: Finished) -> bool:
+    def _keep_finished_kv(self, ch: _Choice, event: Finished) -> bool:
         """A choice ended: note what its slot holds (still intact: the slot is reused only
         at the next step) for the prefix cache; for choice 0 of a session turn, keep that
         KV as the session's newest conversation. Returns the session_conflict flag."""
@@ -903,7 +903,7 @@ class ModelService:
         ch = self._choices.pop(event.seq_id, None)
         if ch is None or ch.req.closed:
             return
-        conflict = self._park_session(ch, event)
+        conflict = self._keep_finished_kv(ch, event)
         tail = ch.out.finish(ended_by_model=ch.stopped is None and event.reason == "stop")
         reason = ch.out.finish_reason(ch.stopped or event.reason)
         if tail is not None:
