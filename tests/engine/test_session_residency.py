@@ -20,7 +20,9 @@ def svc(smollm2_service):
     while smollm2_service.busy and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not smollm2_service.busy
-    return smollm2_service
+    yield smollm2_service
+    for info in smollm2_service.session_info():  # the shared service's session slots
+        smollm2_service.release_session(info.session_id)
 
 
 @pytest.fixture
