@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -24,6 +25,8 @@ KEY_PREFIX = "pn_"
 PREFIX_CHARS = 10  # "pn_" and 7 random characters: shown in the console to tell keys apart
 LAST_USED_EVERY = timedelta(seconds=60)  # last_used_at is written at most this often
 CACHE_TTL_S = 5.0  # "does any console key exist?" (another process may add one)
+
+log = logging.getLogger("pantheon.http")
 
 CLIENT_SCOPES = frozenset({INFERENCE, SESSIONS})
 ALL_SCOPES = frozenset(SCOPES)
@@ -87,7 +90,7 @@ def lookup_console(presented: list[str]) -> Principal | None:
             continue
         now = timezone.now()
         if row.last_used_at is None or now - row.last_used_at >= LAST_USED_EVERY:
-            ApiKey.objects.filter(pk=row.pk).update(last_used_at=now)
+            _note_last_used(row.pk, now)
         return Principal(
             f"console:{row.prefix}",
             f"console:{row.pk}",
@@ -95,6 +98,21 @@ def lookup_console(presented: list[str]) -> Principal | None:
             row.max_concurrent or None,
         )
     return None
+
+
+def _note_last_used(pk, now) -> None:
+    """Best effort: bookkeeping never refuses a request its key admits. Two requests on a
+    fresh key both write here at once, and SQLite can answer the second with "table is
+    locked" rather than waiting; the next request past LAST_USED_EVERY writes it again."""
+    from django.db import DatabaseError, transaction
+
+    from access.models import ApiKey
+
+    try:
+        with transaction.atomic():  # a savepoint when a caller holds a transaction
+            ApiKey.objects.filter(pk=pk).update(last_used_at=now)
+    except DatabaseError as exc:
+        log.info("API keys: last_used_at for key %s not written (%s)", pk, exc)
 
 
 _cache_lock = threading.Lock()

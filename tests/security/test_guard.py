@@ -188,6 +188,24 @@ async def test_last_used_is_recorded(app, rt):
     assert await in_db(last_used) is not None
 
 
+
+async def test_a_locked_key_table_on_the_last_used_write_still_admits(app, rt, monkeypatch):
+    """Two requests on a fresh key both write last_used_at; SQLite may answer the second
+    "table is locked" at once. The key was read: the request goes on."""
+    from django.db import OperationalError
+    from django.db.models import QuerySet
+
+    key = await make_key("busy", ["inference"])
+
+    def locked(self, **fields):
+        if "last_used_at" in fields:
+            raise OperationalError("database table is locked: access_apikey")
+        return real_update(self, **fields)
+
+    real_update = QuerySet.update
+    monkeypatch.setattr(QuerySet, "update", locked)
+    assert (await call(app, "GET", MODELS, headers=bearer(key))).status == 200
+
 # --- 403 forbidden_host (DNS rebinding) ------------------------------------------------
 
 
