@@ -344,6 +344,7 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #undef NV
 #undef BTMAX
 #undef ACCS
+#undef NACC
 #undef VZERO
 #undef VLOADU
 #undef VSTOREU
@@ -389,6 +390,7 @@ typedef __m512 vf_avx512;
 #define NV 2
 #define BTMAX 8
 #define ACCS 16
+#define NACC 1
 #define VZERO _mm512_setzero_ps()
 #define VLOADU(p) _mm512_loadu_ps(p)
 #define VSTOREU(p, v) _mm512_storeu_ps(p, v)
@@ -415,8 +417,9 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 #define VHSUM(v) hsum_avx512(v)
 #define TILE_CASES(T)                                                                            \
     TILE_CASE(T, 1, 1) TILE_CASE(T, 1, 4) TILE_CASE(T, 2, 1) TILE_CASE(T, 2, 4)                  \
-        TILE_CASE(T, 3, 1) TILE_CASE(T, 3, 2) TILE_CASE(T, 4, 1) TILE_CASE(T, 4, 2)              \
-            TILE_CASE(T, 5, 1) TILE_CASE(T, 6, 1) TILE_CASE(T, 7, 1) TILE_CASE(T, 8, 1)
+        TILE_CASE(T, 3, 1) TILE_CASE(T, 3, 4) TILE_CASE(T, 4, 1) TILE_CASE(T, 4, 4)              \
+            TILE_CASE(T, 5, 1) TILE_CASE(T, 5, 2) TILE_CASE(T, 6, 1) TILE_CASE(T, 6, 2)          \
+                TILE_CASE(T, 7, 1) TILE_CASE(T, 7, 2) TILE_CASE(T, 8, 1) TILE_CASE(T, 8, 2)
 
 #include "linear_simd.h"
 
@@ -426,6 +429,7 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 #undef NV
 #undef BTMAX
 #undef ACCS
+#undef NACC
 #undef VZERO
 #undef VLOADU
 #undef VSTOREU

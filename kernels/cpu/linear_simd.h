@@ -319,17 +319,24 @@ AI void SFX(prep_none)(const uint8_t *row, int64_t sbi, kstate *st) {
 }
 
 /* The tile: R weight rows times BT x-rows, both compile-time constants once inlined.
- * Every (r, b) keeps its own two accumulators; vector v of every chunk goes into
- * accumulator v % 2, chunks in order, then one fixed horizontal sum, then the tail in
- * order. Nothing in (r, b)'s arithmetic depends on R, BT, the other rows or r0. */
+ * Every (r, b) keeps its own NACC accumulators; vector v of every chunk goes into
+ * accumulator v % NACC, chunks in order, then one fixed horizontal sum, then the tail in
+ * order. Nothing in (r, b)'s arithmetic depends on R, BT, the other rows or r0.
+ * NACC = 1 (AVX-512: two vectors per chunk, so one chain per (r, b) is still latency-free
+ * at 16 chains) lets an 8-row tile take two weight rows: each x vector loaded serves two
+ * FMAs, which is what the B = 8 product is short of (x reloads, not FMAs, set its pace). */
+#ifndef NACC
+#define NACC 2
+#endif
 #define DEF_TYPE(T, TAILED, VAL, SB, P, CS)                                                              \
     AI void SFX(tile_##T)(const uint8_t *w, size_t rb, const int R, const int BT,                \
                           const float *x, int64_t K, float *out, int64_t ldo) {                  \
         const int64_t nch = K / 32;                                                              \
-        vf acc[4][8][2];                                                                         \
+        vf acc[4][8][NACC];                                                                      \
         for (int r = 0; r < R; r++)                                                              \
             for (int b = 0; b < BT; b++)                                                         \
-                acc[r][b][0] = acc[r][b][1] = VZERO;                                             \
+                for (int a = 0; a < NACC; a++)                                                   \
+                    acc[r][b][a] = VZERO;                                                        \
         /* Software prefetch PF_GROUPS row groups ahead: the rows are one contiguous      \
          * stream read at R points at once, which the hardware prefetchers follow poorly. */ \
         const size_t cb = rb * 32 / (size_t)K, step = (size_t)R * cb;                            \
@@ -350,14 +357,14 @@ AI void SFX(prep_none)(const uint8_t *row, int64_t sbi, kstate *st) {
                     for (int b = 0; b < BT; b++) {                                               \
                         const float *xp = x + b * K + c * 32;                                    \
                         for (int v = 0; v < NV; v++)                                             \
-                            acc[r][b][v & 1] = VFMA(wv[v], VLOADU(xp + v * W), acc[r][b][v & 1]); \
+                            acc[r][b][v % NACC] = VFMA(wv[v], VLOADU(xp + v * W), acc[r][b][v % NACC]); \
                     }                                                                            \
                 }                                                                                \
             }                                                                                    \
         }                                                                                        \
         for (int r = 0; r < R; r++)                                                              \
             for (int b = 0; b < BT; b++) {                                                       \
-                float s = VHSUM(VADD(acc[r][b][0], acc[r][b][1]));                               \
+                float s = VHSUM(NACC == 1 ? acc[r][b][0] : VADD(acc[r][b][0], acc[r][b][NACC - 1])); \
                 if (TAILED)                                                                      \
                     for (int64_t k = nch * 32; k < K; k++)                                       \
                         s += SFX(val_##VAL)(w + r * rb, k) * x[b * K + k];                       \
@@ -378,7 +385,7 @@ AI void SFX(prep_none)(const uint8_t *row, int64_t sbi, kstate *st) {
             const int64_t ge = g + 4 < r1 ? g + 4 : r1;                                          \
             for (int64_t b0 = 0; b0 < B; b0 += BTMAX) {                                          \
                 const int bt = (int)(B - b0 < BTMAX ? B - b0 : BTMAX);                           \
-                int R = ACCS / (2 * bt);                                                         \
+                int R = ACCS / (NACC * bt);                                                      \
                 R = R >= 4 ? 4 : R >= 2 ? 2 : 1;                                                 \
                 int64_t r = g;                                                                   \
                 for (; r + R <= ge; r += R)                                                      \
