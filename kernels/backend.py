@@ -43,6 +43,11 @@ class Backend(ABC):
     name: str  # "numpy", "cuda", ...
     on_accelerator: bool = False  # weights and KV live in device memory
     dtype: np.dtype = np.dtype(np.float32)  # activations and the KV cache
+    # linear_prefill computes output row t from x[t] alone, whatever else is in x, for
+    # chunks of more than prefill_direct_rows rows (fewer take the `linear` row kernel):
+    # then prompt chunks of several sequences may share one pass (models._block.PackedPrefill).
+    packs_prefill: bool = False
+    prefill_direct_rows: int = 0
 
     # ---- weights ----
 

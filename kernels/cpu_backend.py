@@ -47,6 +47,8 @@ class CpuBackend(NumpyBackend):
     """numpy arrays on the host, matrices in GGUF block layout, compiled kernels."""
 
     name = "cpu"
+    packs_prefill = True  # prefill.c: an output's arithmetic depends on x[t], W[r], K only
+    prefill_direct_rows = PREFILL_DIRECT_ROWS
 
     def __init__(self, ext=None):
         self.ext = ext if ext is not None else load_extension()

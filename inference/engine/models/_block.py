@@ -126,6 +126,37 @@ class Prefill:
         )
 
 
+class PackedPrefill:
+    """Prompt chunks of several sequences in one pass: their rows stacked for the products
+    and the row-wise ops, attention chunk by chunk on each one's slot and positions.
+
+    Only for a backend whose `linear_prefill` computes an output row from that row of x
+    alone (`Backend.packs_prefill`), for chunks longer than its `prefill_direct_rows`
+    (shorter ones take its row kernel when alone): then every chunk's values are the bits
+    its own `Prefill` pass gives, whatever it is packed with; the gain is one walk over
+    the weights (and one Python pass over the layers) for all of them."""
+
+    def __init__(self, backend: Backend, kv, chunks: Sequence[tuple[int, int, int]]):
+        # chunks: (slot, start, n) in row order
+        self.backend, self.kv, self.chunks = backend, kv, list(chunks)
+        self.positions = np.concatenate([np.arange(s, s + n) for _, s, n in self.chunks])
+
+    def linear(self, x, w: Weight):
+        return self.backend.linear_prefill(x, w)
+
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+        parts, row = [], 0
+        for slot, start, n in self.chunks:
+            rows = slice(row, row + n)
+            parts.append(
+                self.backend.attention_prefill(
+                    q[rows], k[rows], v[rows], self.kv, layer, slot, start, scale, window, softcap
+                )
+            )
+            row += n
+        return np.concatenate(parts)
+
+
 class Decode:
     """One new token for each of B sequences: row b at positions[b] on slots[b]."""
 
@@ -232,6 +263,35 @@ class DecoderModel:
         logits = self._logits(x, step)
         return logits if all_logits else logits[0]
 
+    @property
+    def packs_prefill(self) -> bool:
+        """Whether `forward_packed` gives each chunk its own `forward`'s bits here."""
+        return bool(getattr(self.backend, "packs_prefill", False))
+
+    def packable(self, n_tokens: int) -> bool:
+        """A chunk of n_tokens may join a packed pass (see PackedPrefill)."""
+        return self.packs_prefill and n_tokens > self.backend.prefill_direct_rows
+
+    def forward_packed(self, chunks: Sequence[tuple[Sequence[int], int, int]], kv) -> list:
+        """Several sequences' prompt chunks (tokens, start, slot) in one pass; returns each
+        chunk's last-token logits (V,), the bits `forward` gives it alone. Every chunk must
+        be `packable`."""
+        spans = []
+        for tokens, start, slot in chunks:
+            end = start + len(tokens)
+            if not self.packable(len(tokens)):
+                raise ValueError(f"a chunk of {len(tokens)} tokens cannot be packed")
+            if end > kv.n_ctx or end > len(self.rope_tables[0]):
+                raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
+            spans.append((int(slot), int(start), len(tokens)))
+        step = PackedPrefill(self.backend, kv, spans)
+        x = self._layers(self._embed(np.concatenate([np.asarray(t) for t, _, _ in chunks])), step)
+        last = np.cumsum([n for _, _, n in spans]) - 1
+        # Alone, a chunk's one last row goes through the backend's row kernel (one row is
+        # under prefill_direct_rows); `linear` is that kernel and batch invariant.
+        rows = Decode(self.backend, kv, [s for s, _, _ in spans], step.positions[last])
+        return list(self._logits(x[last], rows))
+
     def hidden_states(self, tokens, start: int, kv, slot: int) -> np.ndarray:
         """The final-normed hidden states (T, D) of a prompt chunk at positions start.. on
         one slot (its K/V written as `forward` writes them): what embeddings pool. Run a
@@ -276,7 +336,7 @@ class DecoderModel:
             x = self.block(x, li, layer, step)
         return x
 
-    def block(self, x, li: int, layer: LayerWeights, step: Prefill | Decode):
+    def block(self, x, li: int, layer: LayerWeights, step: Prefill | PackedPrefill | Decode):
         """One decoder layer over n rows (n prompt tokens, or one token per sequence)."""
         be, hp, spec = self.backend, self.hp, self.spec
         n = x.shape[0]

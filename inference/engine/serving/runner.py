@@ -5,7 +5,9 @@ fixed per prompt, so a prompt is computed the same way whatever else runs); all 
 rows go through one batched pass (`forward_decode`, batch invariant, every architecture),
 and so does a prompt's one-token last chunk (a prompt resumed from cached KV all but its
 last token: the same work as decoding that token), so that eight such requests admitted
-together cost one pass instead of eight.
+together cost one pass instead of eight. Where the backend allows (its prefill product is
+row-independent), the step's longer prompt chunks share one packed pass too: one walk
+over the weights for several prompts arriving together, each chunk's bits unchanged.
 Each sequence
 chooses its token through its own DecodeState (decoding/state.py: forced tokens, grammar mask,
 its own sampler and RNG), so its random stream does not depend on its neighbours.
@@ -47,12 +49,10 @@ class Runner:
         times = StepTimes()
         t0 = time.perf_counter()
         folded = [c for c in batch.prefill if _one_token_last_chunk(c)]
-        for chunk in (c for c in batch.prefill if c not in folded):
-            tokens = np.asarray(chunk.token_ids, dtype=np.int64)
-            logits = self.model.forward(tokens, chunk.start, self.kv, chunk.slot)
-            times.prefill_tokens += len(tokens)
+        for chunk, logits in self._prefill([c for c in batch.prefill if c not in folded]):
+            times.prefill_tokens += len(chunk.token_ids)
             if chunk.sample_seq_ids:
-                end = chunk.start + len(tokens)
+                end = chunk.start + len(chunk.token_ids)
                 for slot in chunk.copy_to_slots:
                     self.kv.copy_prefix(chunk.slot, slot, end)
                 seq_ids = [s for s in chunk.sample_seq_ids if s in states]  # else cancelled
@@ -76,6 +76,22 @@ class Runner:
             times.decode_s = time.perf_counter() - t1
         self.last = times
         return sampled
+
+    def _prefill(self, chunks):
+        """(chunk, its last-token logits) for each chunk: the chunks the model can pack
+        (see models._block.PackedPrefill) in one pass when there are two or more, the
+        others one pass each. Same bits either way."""
+        packable = getattr(self.model, "packable", None)
+        packed = [c for c in chunks if packable and packable(len(c.token_ids))]
+        if len(packed) < 2:
+            packed = []
+        else:
+            parts = [(c.token_ids, c.start, c.slot) for c in packed]
+            yield from zip(packed, self.model.forward_packed(parts, self.kv), strict=True)
+        for chunk in chunks:
+            if chunk not in packed:
+                tokens = np.asarray(chunk.token_ids, dtype=np.int64)
+                yield chunk, self.model.forward(tokens, chunk.start, self.kv, chunk.slot)
 
     def _decode(self, rows) -> np.ndarray:
         """Logits (B, V) of one decode step: all rows in one batched pass."""
