@@ -21,23 +21,6 @@ static void matmul(int isa, int nt, const dec_matrix *m, const float *x, int64_t
     }
 }
 
-void cpu_glu(const float *gate_up, int64_t n, int64_t F, int act, float *out) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *g = gate_up + i * 2 * F, *u = g + F;
-        float *o = out + i * F;
-        if (act == ACT_GELU_TANH) {
-            for (int64_t j = 0; j < F; j++) {
-                const float x = g[j];
-                const float t = tanhf(0.7978845608f * (x + 0.044715f * (x * x * x)));
-                o[j] = 0.5f * x * (1.0f + t) * u[j];
-            }
-        } else {
-            for (int64_t j = 0; j < F; j++)
-                o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-        }
-    }
-}
-
 int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
                       const int64_t *slots, const int64_t *positions, float *kcache,
                       float *vcache, int64_t n_slots, int64_t n_ctx) {

@@ -659,3 +659,64 @@ def _child_linear(w, x, queue):
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
     _cpu.linear(QTYPES["Q8_0"], w, x, out)
     queue.put(out)
+
+
+@pytest.mark.parametrize("act", [0, 1], ids=["silu", "gelu_tanh"])
+def test_glu_matches_float64_over_the_whole_range(act):
+    """The vectorised activations against float64 math: tiny, ordinary, huge and
+    non-finite gates, odd widths (the vector loop's tail), rows independent."""
+    rng = np.random.default_rng(17)
+    F = 1539
+    gate = np.concatenate(
+        [
+            rng.standard_normal(F - 15) * 4,
+            [0.0, -0.0, 1e-30, -1e-30, 1e-4, -1e-4, 30.0, -30.0, 88.0, -88.0, 100.0, -100.0],
+            [1e30, -1e30, np.inf],
+        ]
+    ).astype(np.float32)
+    up = rng.standard_normal(F).astype(np.float32)
+    gate_up = np.stack([np.concatenate([gate, up]), np.concatenate([gate[::-1], up])])
+    out = np.empty((2, F), np.float32)
+    _cpu.glu(gate_up, act, out)
+
+    g, u = gate_up[:, :F].astype(np.float64), gate_up[:, F:].astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if act == 0:
+            want = g / (1.0 + np.exp(-g)) * u
+        else:
+            # 0.5 g (1 + tanh(y)) as g sigmoid(2y): float64's 1 + tanh(y) cancels too
+            want = g / (1.0 + np.exp(-2.0 * 0.7978845608 * (g + 0.044715 * g**3))) * u
+    finite = np.isfinite(want)
+    # gelu: far in the tail the float32 rounding of the cubic moves exp's argument by an ulp
+    np.testing.assert_allclose(out[finite], want[finite], rtol=2e-6 if act == 0 else 1e-5, atol=1e-30)
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    one = np.empty((1, F), np.float32)
+    _cpu.glu(gate_up[1:], act, one)
+    assert np.array_equal(one[0], out[1])  # a row's bits do not depend on the others
+
+
+def test_glu_has_the_same_bits_on_every_isa(tmp_path):
+    """The AVX-512 activation does the scalar loop's operations in its order: a process
+    forced to the portable code (PANTHEON_CPU_ISA=generic) gets the same bits."""
+    rng = np.random.default_rng(19)
+    gate_up = (rng.standard_normal((3, 2 * 1541)) * 6).astype(np.float32)
+    np.save(tmp_path / "gu.npy", gate_up)
+    code = (
+        "import numpy as np, sys; from kernels import _cpu\n"
+        "gu = np.load(sys.argv[1]); F = gu.shape[1] // 2\n"
+        "for act in (0, 1):\n"
+        "    out = np.empty((gu.shape[0], F), np.float32); _cpu.glu(gu, act, out)\n"
+        "    np.save(sys.argv[2] + str(act) + '.npy', out)\n"
+    )
+    outs = {}
+    for isa in ("generic", ISAS[-1]):
+        env = dict(os.environ, PANTHEON_CPU_ISA=isa)
+        prefix = str(tmp_path / isa)
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "gu.npy"), prefix],
+            env=env, capture_output=True, text=True,
+        )
+        assert run.returncode == 0, run.stderr
+        outs[isa] = [np.load(prefix + f"{act}.npy") for act in (0, 1)]
+    for a, b in zip(outs["generic"], outs[ISAS[-1]], strict=True):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
