@@ -25,6 +25,8 @@ PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they
                        built, else numpy), cpu, or numpy (the float32 reference)
 PANTHEON_PREFIX_CACHE  1: a free slot keeps its last request's KV for a prompt that begins
                        the same way, per API key (0: only session turns resume) (1)
+PANTHEON_PREFIX_CACHE_RAM_MB  host memory for kept prefixes a new prompt's slot displaced,
+                       loaded back for a prompt that continues them (256; 0: none)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
@@ -314,6 +316,8 @@ PANTHEON_ENGINE_OPTIONS = {
     # has been closed for the grace period (GET /session/watch).
     # Free slots keep their last request's KV for prompts that begin the same way.
     "prefix_cache": env_bool("PANTHEON_PREFIX_CACHE", True),
+    # ... and, once a new prompt takes their slot, in host memory up to this many bytes.
+    "prefix_cache_ram_bytes": env_int("PANTHEON_PREFIX_CACHE_RAM_MB", 256) * 2**20,
     "session_idle_ttl_s": env_int("PN_SESSION_IDLE_TTL_MS", 43_200_000) / 1000,
     "session_watch_grace_s": env_int("PN_SESSION_WATCH_GRACE_MS", 45_000) / 1000,
     "max_watches": env_int("PANTHEON_MAX_WATCHES", 64),
@@ -326,6 +330,8 @@ if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy"):
     raise EnvError("PANTHEON_BACKEND must be auto, cpu or numpy")
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")
+if PANTHEON_ENGINE_OPTIONS["prefix_cache_ram_bytes"] < 0:
+    raise EnvError("PANTHEON_PREFIX_CACHE_RAM_MB must be >= 0")
 _SESSION_LIMITS = (
     "session_idle_ttl_s",
     "session_watch_grace_s",

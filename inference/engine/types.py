@@ -36,6 +36,9 @@ class ModelConfig:
     # A free slot keeps its last request's KV for a prompt beginning with the same tokens
     # (serving/slot_cache.py); False: only a session's next turn resumes (PANTHEON_PREFIX_CACHE).
     prefix_cache: bool = True
+    # Host memory for kept prefixes that admission overwrote (slot_cache: spilled), loaded
+    # back for a prompt they continue; 0: none (PANTHEON_PREFIX_CACHE_RAM_MB).
+    prefix_cache_ram_bytes: int = 256 << 20
     # Sessions (prefix cache): an idle session id is dropped after this long; a watched
     # one once its last watch has been gone this long; at most this many watches held.
     session_idle_ttl_s: float = 12 * 3600.0

@@ -185,3 +185,97 @@ def test_only_a_quarter_of_the_slots_keep_parked_conversations():
     del convs[1]  # the session released: its copy in the slot goes too
     assert contents.reusable(1, (2, 3)) == 0
     assert contents.freed([], now=1.0) == [1]
+
+
+# --- host memory behind the slots (spilled prefixes) ------------------------------------
+
+
+class _Arr:  # stands for a saved KV array: only its size matters to the store
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def _spill(contents, slot, now=0.0, nbytes=100):
+    """What the service does at admission: save what a chosen slot held, if asked."""
+    source = contents.spill_source(slot)
+    if source is not None:
+        tokens, namespace = source
+        contents.spilled(tokens, namespace, _Arr(nbytes), _Arr(nbytes), now)
+    return source
+
+
+def test_an_overwritten_slot_goes_to_host_memory_and_comes_back_for_its_prompt():
+    long_a, long_b = tuple(range(100, 140)), tuple(range(200, 240))
+    contents = SlotContents(max_positions=1000, max_parked=1, max_spill_bytes=10_000)
+    contents.ended(0, long_a, now=0.0, namespace="k")
+    contents.freed([0], now=0.0)
+    # One free slot, an unrelated prompt: slot 0's conversation is copied out first.
+    assert contents.prefer(long_b, [0], namespace="k") == 0
+    assert _spill(contents, 0) == (long_a, "k")
+    contents.taken([0])
+    assert contents.spilled_bytes() == 200
+    contents.ended(0, long_b, now=1.0, namespace="k")
+    contents.freed([0], now=1.0)
+    # long_a again: no slot holds it, host memory does; loaded into the slot, which spills
+    # long_b in turn.
+    prompt = (*long_a, 7, 8)
+    assert contents.prefer(prompt, [0], namespace="k") == 0
+    entry, n = contents.restore_source(0)
+    assert entry.tokens == long_a and n == len(long_a)
+    assert contents.restore_source(0) is None  # once
+    assert _spill(contents, 0)[0] == long_b
+    # Another key never gets it.
+    contents.spilled(long_a, "k", _Arr(100), _Arr(100), now=2.0)
+    assert contents.prefer(prompt, [1], namespace="other") == 1
+    assert contents.restore_source(1) is None
+
+
+def test_host_memory_is_bounded_and_skips_what_is_not_worth_it():
+    class Conv:
+        pass
+
+    contents = SlotContents(max_positions=1000, max_parked=4, max_spill_bytes=1_000)
+    for i in range(4):  # 4 x 400 bytes into 1000: the two least recent go
+        contents.spilled(tuple(range(i * 100, i * 100 + 20)), "", _Arr(200), _Arr(200), now=i)
+    assert contents.spilled_bytes() == 800
+    assert contents.prefer(tuple(range(0, 20)), [0]) == 0 and contents.restore_source(0) is None
+    assert contents.prefer(tuple(range(300, 320)), [0]) == 0
+    assert contents.restore_source(0)[1] == 20
+    contents.spilled((1,) * 20, "", _Arr(600), _Arr(600), now=5.0)  # bigger than it all
+    assert contents.spilled_bytes() == 400
+    # Neither a session's parked conversation (it has its own copy) nor a short prefix.
+    conv = Conv()
+    contents.ended(0, tuple(range(500, 540)), now=6.0, parked=conv)
+    contents.ended(1, (1, 2, 3), now=6.0)
+    contents.freed([0, 1], now=6.0)
+    assert contents.prefer((9,) * 30, [0]) == 0 and contents.spill_source(0) is None
+    assert contents.prefer((9,) * 30, [1]) == 1 and contents.spill_source(1) is None
+    # Dropped after SPILL_KEEP_S, and by clear() (the memory ladder, the admin route).
+    contents.freed([], now=6.0 + slot_cache.SPILL_KEEP_S + 1)
+    assert contents.spilled_bytes() == 0
+    contents.spilled(tuple(range(20)), "", _Arr(10), _Arr(10), now=0.0)
+    contents.clear()
+    assert contents.spilled_bytes() == 0
+    # Without sharing (PANTHEON_PREFIX_CACHE=0) nothing goes to host memory.
+    private = SlotContents(max_positions=1000, max_parked=1, share=False, max_spill_bytes=1_000)
+    private.ended(0, tuple(range(40)), now=0.0)
+    private.freed([0], now=0.0)
+    assert private.prefer((5,) * 30, [0]) == 0 and private.spill_source(0) is None
+
+
+def test_more_conversations_than_slots_resume_from_host_memory_and_answer_the_same(svc):
+    n_slots = svc.max_concurrent_configured
+    prompts = [
+        svc.encode_chat([{"role": "user", "content": f"Tell me one fact about the number {i}."}])
+        for i in range(n_slots + 1)
+    ]
+    first_answer, first = run(svc, prompts[0])
+    assert first.usage.cached_tokens == 0
+    for prompt in prompts[1:]:  # the last of these takes the first prompt's slot
+        run(svc, prompt)
+    assert svc.slot_contents.spilled_bytes() > 0
+    again, finish = run(svc, prompts[0])
+    assert finish.usage.cached_tokens == len(prompts[0]) - 1  # loaded back, not recomputed
+    assert again == first_answer
+    forget(svc)
+    assert svc.slot_contents.spilled_bytes() == 0

@@ -218,6 +218,7 @@ class ModelService:
             max_positions=2 * self.context_window_configured,
             max_parked=self.max_concurrent_configured // 4,
             share=config.prefix_cache,
+            max_spill_bytes=config.prefix_cache_ram_bytes,
         )
         self.ladder = MemoryLadder(
             self.max_concurrent_configured,
@@ -811,10 +812,20 @@ class ModelService:
                 self.slot_contents.taken(started.slots)
                 continue
             slot, prompt = started.slots[0], req.request.prompt_ids
+            spill = self.slot_contents.spill_source(slot)
+            if spill is not None:  # what the slot kept, to host memory before it is overwritten
+                tokens, owner = spill
+                k, v = self.kv.save(slot, len(tokens))
+                self.slot_contents.spilled(tokens, owner, k, v, time.monotonic())
             cached = 0
             if copy is not None:  # a kept prefix another conversation's slot also holds
                 source, cached = copy
                 self.kv.copy_prefix(source, slot, cached)
+            restore = self.slot_contents.restore_source(slot)
+            if restore is not None:  # a prefix spilled to host memory earlier
+                entry, n = restore
+                self.kv.load(slot, entry.k, entry.v, n)
+                cached = max(cached, n)
             sid = req.request.session_id
             if sid is not None and self.sessions.enabled:
                 req.resume = self.sessions.match(sid, prompt)

@@ -16,15 +16,29 @@ kept positions pass `max_positions` (oldest first), or, for a session's parked
 conversation, beyond `max_parked` slots or once that conversation is gone from the
 session table (a released session leaves nothing behind). Kept tokens are reused only by
 requests of the namespace (API key) that wrote them. Engine thread only.
+
+Host memory behind the slots (`max_spill_bytes`, PANTHEON_PREFIX_CACHE_RAM_MB): when
+admission overwrites a kept slot with an unrelated prompt, what it held is first copied
+out (`spill_source`, saved by the service) into a byte-bounded store, least recently
+spilled dropped first, SPILL_KEEP_S at most; a later prompt that such a copy continues
+further than any slot gets it loaded back into its slot (`restore_source`) instead of
+computing it again. More conversations than slots (many users of one chat app, an agent
+fanning out) then stop recomputing each other's prefixes; llama.cpp's server has the same
+(`--cache-ram`). A session's parked conversation is not spilled: it has its own copy.
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 # A free slot keeps its KV this long for a prompt (or a session turn) that continues it.
 KEEP_S = 60.0
+# A prefix spilled to host memory is kept at most this long.
+SPILL_KEEP_S = 600.0
+# Shorter prefixes are not worth a copy out and back (a template's first tokens).
+MIN_SPILL_TOKENS = 16
 
 
 @dataclass
@@ -39,6 +53,21 @@ class _Kept:
         """A session conversation's copy whose conversation is gone (released, expired,
         evicted): the session's KV goes with it."""
         return self.parked is not None and self.parked() is None
+
+
+@dataclass
+class Spilled:
+    """A kept slot's KV copied to host memory: (n_layer, n_kv_head, n, head_dim) each."""
+
+    tokens: tuple[int, ...]
+    namespace: str
+    k: Any
+    v: Any
+    since: float
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -57,12 +86,20 @@ def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 class SlotContents:
-    def __init__(self, max_positions: int, max_parked: int, share: bool = True):
+    def __init__(
+        self, max_positions: int, max_parked: int, share: bool = True, max_spill_bytes: int = 0
+    ):
         # share=False: only a session's own next turn lands in the slot it parked from;
         # nothing is copied for other prompts (ModelConfig.prefix_cache).
         self.share = share
         self.max_positions = max_positions
         self.max_parked = max(1, max_parked)
+        self.max_spill_bytes = max_spill_bytes if share else 0
+        self._spilled: list[Spilled] = []  # oldest first
+        # Chosen this admission: slot -> what it holds, to copy out before it is overwritten;
+        # slot -> (a spilled prefix, positions) to load into it.
+        self._spill_from: dict[int, _Kept] = {}
+        self._restores: dict[int, tuple[Spilled, int]] = {}
         self._kept: dict[int, _Kept] = {}
         # Sequences that ended this step, by slot: what the slot holds once it is freed
         # (a slot handed on to a waiting choice of the same request is not freed).
@@ -111,6 +148,7 @@ class SlotContents:
                 out.append(slot)
         for slot in out:
             del self._kept[slot]
+        self._spilled = [e for e in self._spilled if now - e.since <= SPILL_KEEP_S]
         return out
 
     def taken(self, slots) -> None:
@@ -119,14 +157,65 @@ class SlotContents:
             self._kept.pop(slot, None)
             self._ended.pop(slot, None)
             self._copies.pop(slot, None)
+            self._spill_from.pop(slot, None)
+            self._restores.pop(slot, None)
 
     def clear(self) -> list[int]:
-        """Forget everything kept; the slots to release."""
+        """Forget everything kept (host-memory copies too); the slots to release."""
         slots = list(self._kept)
         self._kept.clear()
         self._ended.clear()
         self._copies.clear()
+        self._spilled.clear()
+        self._spill_from.clear()
+        self._restores.clear()
         return slots
+
+    # --- host memory -------------------------------------------------------------------
+
+    def spill_source(self, slot: int) -> tuple[tuple[int, ...], str] | None:
+        """(tokens, namespace) that `slot` holds, when admission is about to overwrite them
+        and they are worth a copy in host memory (the service saves them, then calls
+        `spilled`)."""
+        kept = self._spill_from.pop(slot, None)
+        return (kept.tokens, kept.namespace) if kept is not None else None
+
+    def spilled(self, tokens, namespace: str, k, v, now: float) -> None:
+        entry = Spilled(tuple(tokens), namespace, k, v, now)
+        if entry.nbytes > self.max_spill_bytes:
+            return
+        self._spilled = [e for e in self._spilled if not _same(e, entry)]
+        self._spilled.append(entry)
+        total = sum(e.nbytes for e in self._spilled)
+        while total > self.max_spill_bytes:
+            total -= self._spilled.pop(0).nbytes  # least recently spilled first
+
+    def spilled_bytes(self) -> int:
+        return sum(e.nbytes for e in self._spilled)
+
+    def restore_source(self, slot: int) -> tuple[Spilled, int] | None:
+        """(a spilled prefix, positions) to load into `slot` before its prefill, once."""
+        return self._restores.pop(slot, None)
+
+    def _best_spilled(self, prompt, namespace: str) -> tuple[Spilled | None, int]:
+        best, best_n = None, 0
+        for entry in self._spilled:
+            if entry.namespace == namespace:
+                n = common_prefix(entry.tokens, prompt)
+                if n > best_n:
+                    best, best_n = entry, n
+        return best, best_n
+
+    def _evicting(self, slot: int) -> None:
+        """Admission overwrites `slot`: copy out what it keeps first, if worth it."""
+        kept = self._held(slot)
+        if (
+            kept is not None
+            and self.max_spill_bytes > 0
+            and kept.parked is None  # a session's conversation has its own copy
+            and len(kept.tokens) >= MIN_SPILL_TOKENS
+        ):
+            self._spill_from[slot] = kept
 
     # --- admission ---------------------------------------------------------------------
 
@@ -144,16 +233,27 @@ class SlotContents:
                 best, best_n = slot, n
             if n > whole_n and n == len(self._held(slot).tokens):
                 whole, whole_n = slot, n  # the prompt continues all it holds
-        if whole >= 0 and (whole_n == best_n or not self.share):
+        spilled, spilled_n = self._best_spilled(prompt, namespace)
+        if whole >= 0 and (whole_n >= max(best_n, spilled_n) or not self.share):
             return whole
+        if spilled_n > best_n:  # host memory holds more of it than any slot
+            best, best_n = -1, 0
         others = [slot for slot in free if slot != best]
         empty = [slot for slot in others if self._held(slot) is None]
         victim = min(empty) if empty else self._least_recent(others)
         if best >= 0:
-            if best == whole or victim is None:
+            if best == whole:
+                return best
+            if victim is None:  # the only free slot: its longer conversation goes
+                self._evicting(best)
                 return best
             if self.share:
                 self._copies[victim] = (best, best_n)
+        if victim is not None:
+            self._evicting(victim)
+            if spilled is not None and spilled_n > best_n:
+                self._spilled.remove(spilled)  # back into a slot: kept there from now on
+                self._restores[victim] = (spilled, spilled_n)
         return victim
 
     def _least_recent(self, slots: list[int]) -> int | None:
@@ -182,3 +282,7 @@ class SlotContents:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+def _same(a: Spilled, b: Spilled) -> bool:
+    return a.namespace == b.namespace and a.tokens == b.tokens
