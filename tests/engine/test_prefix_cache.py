@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from inference.engine.serving import slot_cache
-from inference.engine.serving.slot_cache import SlotContents, common_prefix
+from inference.engine.serving.slot_cache import SlotContents, Spilled, common_prefix
 from inference.engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -197,11 +197,16 @@ class _Arr:  # stands for a saved KV array: only its size matters to the store
 
 def _spill(contents, slot, now=0.0, nbytes=100):
     """What the service does at admission: save what a chosen slot held, if asked."""
-    source = contents.spill_source(slot)
-    if source is not None:
-        tokens, namespace = source
-        contents.spilled(tokens, namespace, _Arr(nbytes), _Arr(nbytes), now)
-    return source
+    entry = contents.spill_source(slot)
+    if entry is not None:
+        entry.k, entry.v = _Arr(nbytes), _Arr(nbytes)
+        contents.spilled(entry, now)
+        return entry.tokens, entry.namespace
+    return None
+
+
+def _store(contents, tokens, namespace="", nbytes=100, now=0.0):
+    contents.spilled(Spilled(tuple(tokens), namespace, _Arr(nbytes), _Arr(nbytes), now), now)
 
 
 def test_an_overwritten_slot_goes_to_host_memory_and_comes_back_for_its_prompt():
@@ -225,7 +230,7 @@ def test_an_overwritten_slot_goes_to_host_memory_and_comes_back_for_its_prompt()
     assert contents.restore_source(0) is None  # once
     assert _spill(contents, 0)[0] == long_b
     # Another key never gets it.
-    contents.spilled(long_a, "k", _Arr(100), _Arr(100), now=2.0)
+    _store(contents, long_a, "k", now=2.0)
     assert contents.prefer(prompt, [1], namespace="other") == 1
     assert contents.restore_source(1) is None
 
@@ -236,12 +241,12 @@ def test_host_memory_is_bounded_and_skips_what_is_not_worth_it():
 
     contents = SlotContents(max_positions=1000, max_parked=4, max_spill_bytes=1_000)
     for i in range(4):  # 4 x 400 bytes into 1000: the two least recent go
-        contents.spilled(tuple(range(i * 100, i * 100 + 20)), "", _Arr(200), _Arr(200), now=i)
+        _store(contents, range(i * 100, i * 100 + 20), nbytes=200, now=i)
     assert contents.spilled_bytes() == 800
     assert contents.prefer(tuple(range(0, 20)), [0]) == 0 and contents.restore_source(0) is None
     assert contents.prefer(tuple(range(300, 320)), [0]) == 0
     assert contents.restore_source(0)[1] == 20
-    contents.spilled((1,) * 20, "", _Arr(600), _Arr(600), now=5.0)  # bigger than it all
+    _store(contents, (1,) * 20, nbytes=600, now=5.0)  # bigger than it all
     assert contents.spilled_bytes() == 400
     # Neither a session's parked conversation (it has its own copy) nor a short prefix.
     conv = Conv()
@@ -253,7 +258,7 @@ def test_host_memory_is_bounded_and_skips_what_is_not_worth_it():
     # Dropped after SPILL_KEEP_S, and by clear() (the memory ladder, the admin route).
     contents.freed([], now=6.0 + slot_cache.SPILL_KEEP_S + 1)
     assert contents.spilled_bytes() == 0
-    contents.spilled(tuple(range(20)), "", _Arr(10), _Arr(10), now=0.0)
+    _store(contents, range(20), nbytes=10)
     contents.clear()
     assert contents.spilled_bytes() == 0
     # Without sharing (PANTHEON_PREFIX_CACHE=0) nothing goes to host memory.
@@ -261,6 +266,36 @@ def test_host_memory_is_bounded_and_skips_what_is_not_worth_it():
     private.ended(0, tuple(range(40)), now=0.0)
     private.freed([0], now=0.0)
     assert private.prefer((5,) * 30, [0]) == 0 and private.spill_source(0) is None
+
+
+def test_a_copy_displaced_in_the_same_admission_is_loaded_for_the_prompt_that_wants_it():
+    """Two prompts arrive together: the first is restored into the slot that held the
+    second's conversation, whose copy (saved before the restore overwrites it) then goes
+    to the second's slot."""
+    a, b = tuple(range(100, 140)), tuple(range(200, 240))
+    contents = SlotContents(max_positions=1000, max_parked=1, max_spill_bytes=10_000)
+    _store(contents, a)
+    contents.ended(0, b, now=1.0)
+    contents.ended(1, (7,) * 20, now=0.5)
+    contents.freed([0, 1], now=1.0)
+    assert contents.prefer((*a, 1), [0]) == 0  # a into slot 0, displacing b (pending)
+    assert contents.prefer((*b, 1), [1]) == 1  # b finds its pending copy
+    # The service, in admission order: slot 0 first (save b, load a), then slot 1.
+    assert _spill(contents, 0) == (b, "")
+    assert contents.restore_source(0)[0].tokens == a
+    contents.taken([0])
+    assert contents.spill_source(1).tokens == (7,) * 20
+    entry, n = contents.restore_source(1)
+    assert entry.tokens == b and n == len(b) and entry.k is not None
+    assert contents.spilled_bytes() == 0  # a and b are in slots again, not stored twice
+    # When the group that displaced b goes away before saving it, b's prompt runs cold.
+    contents.ended(0, b, now=2.0)
+    contents.freed([0], now=2.0)
+    _store(contents, a)
+    contents.prefer((*a, 1), [0])
+    contents.prefer((*b, 1), [1])
+    contents.taken([0])  # cancelled: nothing saved
+    assert contents.restore_source(1) is None
 
 
 def test_more_conversations_than_slots_resume_from_host_memory_and_answer_the_same(svc):

@@ -814,9 +814,8 @@ class ModelService:
             slot, prompt = started.slots[0], req.request.prompt_ids
             spill = self.slot_contents.spill_source(slot)
             if spill is not None:  # what the slot kept, to host memory before it is overwritten
-                tokens, owner = spill
-                k, v = self.kv.save(slot, len(tokens))
-                self.slot_contents.spilled(tokens, owner, k, v, time.monotonic())
+                spill.k, spill.v = self.kv.save(slot, len(spill.tokens))
+                self.slot_contents.spilled(spill, time.monotonic())
             cached = 0
             if copy is not None:  # a kept prefix another conversation's slot also holds
                 source, cached = copy

@@ -55,19 +55,21 @@ class _Kept:
         return self.parked is not None and self.parked() is None
 
 
-@dataclass
+@dataclass(eq=False)
 class Spilled:
-    """A kept slot's KV copied to host memory: (n_layer, n_kv_head, n, head_dim) each."""
+    """A kept slot's KV copied to host memory: (n_layer, n_kv_head, n, head_dim) each
+    (None until the service has saved it)."""
 
     tokens: tuple[int, ...]
     namespace: str
     k: Any
     v: Any
     since: float
+    claimed: bool = False  # a restore took it before it was saved
 
     @property
     def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
+        return int(self.k.nbytes + self.v.nbytes) if self.k is not None else 0
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -98,7 +100,7 @@ class SlotContents:
         self._spilled: list[Spilled] = []  # oldest first
         # Chosen this admission: slot -> what it holds, to copy out before it is overwritten;
         # slot -> (a spilled prefix, positions) to load into it.
-        self._spill_from: dict[int, _Kept] = {}
+        self._spill_from: dict[int, Spilled] = {}
         self._restores: dict[int, tuple[Spilled, int]] = {}
         self._kept: dict[int, _Kept] = {}
         # Sequences that ended this step, by slot: what the slot holds once it is freed
@@ -173,16 +175,16 @@ class SlotContents:
 
     # --- host memory -------------------------------------------------------------------
 
-    def spill_source(self, slot: int) -> tuple[tuple[int, ...], str] | None:
-        """(tokens, namespace) that `slot` holds, when admission is about to overwrite them
-        and they are worth a copy in host memory (the service saves them, then calls
-        `spilled`)."""
-        kept = self._spill_from.pop(slot, None)
-        return (kept.tokens, kept.namespace) if kept is not None else None
+    def spill_source(self, slot: int) -> Spilled | None:
+        """What `slot` holds, when admission is about to overwrite it and it is worth a copy
+        in host memory: the service fills in its k and v (`kv.save`), then `spilled()`."""
+        return self._spill_from.pop(slot, None)
 
-    def spilled(self, tokens, namespace: str, k, v, now: float) -> None:
-        entry = Spilled(tuple(tokens), namespace, k, v, now)
-        if entry.nbytes > self.max_spill_bytes:
+    def spilled(self, entry: Spilled, now: float) -> None:
+        """`entry` saved: into the store, unless a prompt admitted in the same step already
+        claimed it (it goes straight back into that prompt's slot)."""
+        entry.since = now
+        if entry.claimed or entry.nbytes > self.max_spill_bytes:
             return
         self._spilled = [e for e in self._spilled if not _same(e, entry)]
         self._spilled.append(entry)
@@ -194,17 +196,28 @@ class SlotContents:
         return sum(e.nbytes for e in self._spilled)
 
     def restore_source(self, slot: int) -> tuple[Spilled, int] | None:
-        """(a spilled prefix, positions) to load into `slot` before its prefill, once."""
-        return self._restores.pop(slot, None)
+        """(a spilled prefix, positions) to load into `slot` before its prefill, once; None
+        when its copy never happened (the group that displaced it went away first)."""
+        restore = self._restores.pop(slot, None)
+        return restore if restore is not None and restore[0].k is not None else None
 
     def _best_spilled(self, prompt, namespace: str) -> tuple[Spilled | None, int]:
+        # Copies pending this step count too: eight requests arriving together for eight
+        # conversations, one of them displaced by another's restore, all resume.
+        pending = [e for e in self._spill_from.values() if not e.claimed]
         best, best_n = None, 0
-        for entry in self._spilled:
+        for entry in (*self._spilled, *pending):
             if entry.namespace == namespace:
                 n = common_prefix(entry.tokens, prompt)
                 if n > best_n:
                     best, best_n = entry, n
         return best, best_n
+
+    def _claim(self, entry: Spilled) -> None:
+        if entry in self._spilled:
+            self._spilled.remove(entry)  # back into a slot: kept there from now on
+        else:
+            entry.claimed = True  # still to be saved this step, then loaded, not stored
 
     def _evicting(self, slot: int) -> None:
         """Admission overwrites `slot`: copy out what it keeps first, if worth it."""
@@ -215,7 +228,7 @@ class SlotContents:
             and kept.parked is None  # a session's conversation has its own copy
             and len(kept.tokens) >= MIN_SPILL_TOKENS
         ):
-            self._spill_from[slot] = kept
+            self._spill_from[slot] = Spilled(kept.tokens, kept.namespace, None, None, kept.since)
 
     # --- admission ---------------------------------------------------------------------
 
@@ -252,7 +265,7 @@ class SlotContents:
         if victim is not None:
             self._evicting(victim)
             if spilled is not None and spilled_n > best_n:
-                self._spilled.remove(spilled)  # back into a slot: kept there from now on
+                self._claim(spilled)
                 self._restores[victim] = (spilled, spilled_n)
         return victim
 
