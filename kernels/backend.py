@@ -148,6 +148,23 @@ class Backend(ABC):
         attention of q (T, H, Dh) over positions 0..start+T. `window` > 0 hides keys that
         many or more positions behind the query. Returns (T, H * Dh)."""
 
+    def attention_prefill_packed(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        kv,
+        layer: int,
+        chunks,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> Array:
+        """Several sequences' prompt chunks stacked in rows: chunks are (slot, start, n) in
+        row order, each attended as `attention_prefill` attends it alone. Only called where
+        `packs_prefill` is set (models._block.PackedPrefill)."""
+        raise NotImplementedError(f"the {self.name} backend does not pack prefill chunks")
+
     @abstractmethod
     def attention_decode(
         self,

@@ -250,6 +250,20 @@ class NumpyBackend(Backend):
         keys, values = kv.view(layer, slot, end)  # (Hkv, end, Dh)
         return attend(q, keys, values, start, scale, window, softcap)
 
+    def attention_prefill_packed(self, q, k, v, kv, layer, chunks, scale, window=0, softcap=0.0):
+        # Chunk by chunk, the calls `attention_prefill` makes for each alone (the numpy
+        # reference itself does not set packs_prefill; the compiled backend inherits this).
+        parts, row = [], 0
+        for slot, start, n in chunks:
+            rows = slice(row, row + n)
+            parts.append(
+                self.attention_prefill(
+                    q[rows], k[rows], v[rows], kv, layer, slot, start, scale, window, softcap
+                )
+            )
+            row += n
+        return np.concatenate(parts)
+
     def attention_decode(
         self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
     ):

@@ -91,9 +91,9 @@ def test_the_numpy_reference_does_not_pack(smollm2_path):
 def test_the_runner_packs_a_steps_chunks_and_samples_what_alone_gives(smollm2):
     from inference.engine.decoding.sampler import Sampler
     from inference.engine.decoding.state import DecodeState
-    from inference.engine.types import SamplingParams
     from inference.engine.serving.runner import Runner
     from inference.engine.serving.scheduler import Batch, PrefillChunk
+    from inference.engine.types import SamplingParams
 
     rng = np.random.default_rng(3)
     prompts = [rng.integers(5, 30000, size=n).tolist() for n in (33, 12, 3, 60)]

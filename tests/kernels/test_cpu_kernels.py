@@ -688,7 +688,9 @@ def test_glu_matches_float64_over_the_whole_range(act):
             want = g / (1.0 + np.exp(-2.0 * 0.7978845608 * (g + 0.044715 * g**3))) * u
     finite = np.isfinite(want)
     # gelu: far in the tail the float32 rounding of the cubic moves exp's argument by an ulp
-    np.testing.assert_allclose(out[finite], want[finite], rtol=2e-6 if act == 0 else 1e-5, atol=1e-30)
+    np.testing.assert_allclose(
+        out[finite], want[finite], rtol=2e-6 if act == 0 else 1e-5, atol=1e-30
+    )
     assert np.array_equal(np.isnan(out), np.isnan(want))
     one = np.empty((1, F), np.float32)
     _cpu.glu(gate_up[1:], act, one)
@@ -714,7 +716,9 @@ def test_glu_has_the_same_bits_on_every_isa(tmp_path):
         prefix = str(tmp_path / isa)
         run = subprocess.run(
             [sys.executable, "-c", code, str(tmp_path / "gu.npy"), prefix],
-            env=env, capture_output=True, text=True,
+            env=env,
+            capture_output=True,
+            text=True,
         )
         assert run.returncode == 0, run.stderr
         outs[isa] = [np.load(prefix + f"{act}.npy") for act in (0, 1)]

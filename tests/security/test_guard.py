@@ -188,7 +188,6 @@ async def test_last_used_is_recorded(app, rt):
     assert await in_db(last_used) is not None
 
 
-
 async def test_a_locked_key_table_on_the_last_used_write_still_admits(app, rt, monkeypatch):
     """Two requests on a fresh key both write last_used_at; SQLite may answer the second
     "table is locked" at once. The key was read: the request goes on."""
@@ -205,6 +204,7 @@ async def test_a_locked_key_table_on_the_last_used_write_still_admits(app, rt, m
     real_update = QuerySet.update
     monkeypatch.setattr(QuerySet, "update", locked)
     assert (await call(app, "GET", MODELS, headers=bearer(key))).status == 200
+
 
 # --- 403 forbidden_host (DNS rebinding) ------------------------------------------------
 

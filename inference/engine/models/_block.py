@@ -13,6 +13,7 @@ No array math on weights happens here: every such operation is a backend call
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -139,22 +140,17 @@ class PackedPrefill:
     def __init__(self, backend: Backend, kv, chunks: Sequence[tuple[int, int, int]]):
         # chunks: (slot, start, n) in row order
         self.backend, self.kv, self.chunks = backend, kv, list(chunks)
-        self.positions = np.concatenate([np.arange(s, s + n) for _, s, n in self.chunks])
+        self.positions = np.asarray(
+            [p for _, start, n in self.chunks for p in range(start, start + n)], dtype=np.int64
+        )
 
     def linear(self, x, w: Weight):
         return self.backend.linear_prefill(x, w)
 
     def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
-        parts, row = [], 0
-        for slot, start, n in self.chunks:
-            rows = slice(row, row + n)
-            parts.append(
-                self.backend.attention_prefill(
-                    q[rows], k[rows], v[rows], self.kv, layer, slot, start, scale, window, softcap
-                )
-            )
-            row += n
-        return np.concatenate(parts)
+        return self.backend.attention_prefill_packed(
+            q, k, v, self.kv, layer, self.chunks, scale, window, softcap
+        )
 
 
 class Decode:
@@ -285,8 +281,8 @@ class DecoderModel:
                 raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
             spans.append((int(slot), int(start), len(tokens)))
         step = PackedPrefill(self.backend, kv, spans)
-        x = self._layers(self._embed(np.concatenate([np.asarray(t) for t, _, _ in chunks])), step)
-        last = np.cumsum([n for _, _, n in spans]) - 1
+        x = self._layers(self._embed([t for tokens, _, _ in chunks for t in tokens]), step)
+        last = np.asarray(list(itertools.accumulate(n for _, _, n in spans)), dtype=np.int64) - 1
         # Alone, a chunk's one last row goes through the backend's row kernel (one row is
         # under prefill_direct_rows); `linear` is that kernel and batch invariant.
         rows = Decode(self.backend, kv, [s for s, _, _ in spans], step.positions[last])
