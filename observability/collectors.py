@@ -39,6 +39,16 @@ PER_MODEL = (
         lambda svc: svc.max_concurrent * svc.context_window,
     ),
     (
+        "pantheon_prefix_cache_slots_kept",
+        "Free KV slots keeping their last request's KV for a prompt that continues it.",
+        lambda svc: len(svc.slot_contents),
+    ),
+    (
+        "pantheon_prefix_cache_host_bytes",
+        "Bytes of kept prefixes copied to host memory when a new prompt took their slot.",
+        lambda svc: svc.slot_contents.spilled_bytes(),
+    ),
+    (
         "pantheon_weight_bytes",
         "Bytes of a model's weights in memory.",
         lambda svc: svc.model.weight_bytes,

@@ -218,6 +218,8 @@ async def test_gauges_describe_the_served_models(served, one_slot):
     assert gauge(during, "pantheon_kv_tokens_used", model="busy") > 0
     assert gauge(during, "pantheon_kv_tokens_capacity", model="busy") == 256
     assert gauge(during, "pantheon_weight_bytes", model=MODEL) > 0
+    assert gauge(during, "pantheon_prefix_cache_slots_kept", model="busy") == 0  # suite: off
+    assert gauge(during, "pantheon_prefix_cache_host_bytes", model="busy") == 0
     assert gauge(during, "pantheon_memory_ladder_rung") == 0
     assert gauge(after, "pantheon_slots_busy", model="busy") == 0
     assert gauge(after, "pantheon_requests_running", model="busy") == 0
