@@ -249,15 +249,17 @@ class DecoderModel:
         """Run `tokens` at positions start.. on one slot (a prompt chunk). Returns logits of
         the last token (V,), or of every token (T, V) with all_logits."""
         T = len(tokens)
-        end = start + T
-        if end > kv.n_ctx or end > len(self.rope_tables[0]):
-            raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
+        self._check_window(start, start + T, kv)
         step = Prefill(self.backend, kv, slot, start, T)
         x = self._layers(self._embed(tokens), step)
         if not all_logits:
             x = x[-1:]
         logits = self._logits(x, step)
         return logits if all_logits else logits[0]
+
+    def _check_window(self, start: int, end: int, kv) -> None:
+        if end > kv.n_ctx or end > len(self.rope_tables[0]):
+            raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
 
     @property
     def packs_prefill(self) -> bool:
@@ -274,11 +276,9 @@ class DecoderModel:
         be `packable`."""
         spans = []
         for tokens, start, slot in chunks:
-            end = start + len(tokens)
             if not self.packable(len(tokens)):
                 raise ValueError(f"a chunk of {len(tokens)} tokens cannot be packed")
-            if end > kv.n_ctx or end > len(self.rope_tables[0]):
-                raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
+            self._check_window(start, start + len(tokens), kv)
             spans.append((int(slot), int(start), len(tokens)))
         step = PackedPrefill(self.backend, kv, spans)
         x = self._layers(self._embed([t for tokens, _, _ in chunks for t in tokens]), step)
@@ -294,9 +294,7 @@ class DecoderModel:
         whole token list chunk by chunk on a scratch cache (`make_kv_cache(1, len)`) to
         keep no KV."""
         T = len(tokens)
-        end = start + T
-        if end > kv.n_ctx or end > len(self.rope_tables[0]):
-            raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
+        self._check_window(start, start + T, kv)
         step = Prefill(self.backend, kv, slot, start, T)
         x = self._layers(self._embed(tokens), step)
         return self.backend.to_host(self.backend.rms_norm(x, self.output_norm, self.hp.eps))
