@@ -31,3 +31,22 @@ def asgi_scope(method: str, path: str) -> dict:
         "client": ("127.0.0.1", 50000),
         "server": ("testserver", 80),
     }
+
+
+def generate_text(svc, request):
+    """Run one GenerationRequest on a ModelService to its end, from a test's thread:
+    (the streamed text, the FinishEvent)."""
+    import asyncio
+
+    from inference.engine.types import TokenEvent
+
+    async def go():
+        text, finish = "", None
+        async for event in svc.generate(request):
+            if isinstance(event, TokenEvent):
+                text += event.text
+            else:
+                finish = event
+        return text, finish
+
+    return asyncio.run(go())

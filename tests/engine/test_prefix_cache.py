@@ -4,14 +4,14 @@ answer as computed cold; the bounds hand kept slots back."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
 
 from inference.engine.serving import slot_cache
 from inference.engine.serving.slot_cache import SlotContents, Spilled, common_prefix
-from inference.engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from inference.engine.types import FinishEvent, GenerationRequest, SamplingParams
+from tests.support import generate_text
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -38,17 +38,8 @@ def forget(svc) -> None:
 
 
 def run(svc, prompt, namespace="") -> tuple[str, FinishEvent]:
-    async def go():
-        text, finish = "", None
-        request = GenerationRequest("pc", tuple(prompt), GREEDY, cache_namespace=namespace)
-        async for event in svc.generate(request):
-            if isinstance(event, TokenEvent):
-                text += event.text
-            else:
-                finish = event
-        return text, finish
-
-    return asyncio.run(go())
+    request = GenerationRequest("pc", tuple(prompt), GREEDY, cache_namespace=namespace)
+    return generate_text(svc, request)
 
 
 def test_the_same_prompt_again_resumes_from_the_slot_and_answers_the_same(svc):

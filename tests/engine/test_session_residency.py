@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from inference.engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from inference.engine.types import FinishEvent, GenerationRequest, SamplingParams
+from tests.support import generate_text
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
@@ -41,18 +42,8 @@ def loads(svc, monkeypatch):
 
 def run(svc, messages, session_id=None) -> tuple[str, FinishEvent]:
     ids = svc.encode_chat(messages)
-
-    async def go():
-        text, finish = "", None
-        request = GenerationRequest("res", tuple(ids), GREEDY, session_id=session_id)
-        async for event in svc.generate(request):
-            if isinstance(event, TokenEvent):
-                text += event.text
-            else:
-                finish = event
-        return text, finish
-
-    return asyncio.run(go())
+    request = GenerationRequest("res", tuple(ids), GREEDY, session_id=session_id)
+    return generate_text(svc, request)
 
 
 def conversation(svc, session_id, between=None) -> tuple[str, FinishEvent]:
