@@ -82,16 +82,19 @@ class KVCache:
         n_layer, _, n_kv_head, _, head_dim = self.k.shape
         return n_layer, n_kv_head, head_dim
 
-    def release(self, slot: int) -> int:
-        """Give a free slot's written pages back to the OS; returns the bytes released.
+    def release(self, slot: int, keep: int = 0) -> int:
+        """Give a free slot's written pages back to the OS, all but the first `keep`
+        positions (what the prefix cache keeps: a longer conversation written there
+        before is dead weight past them); returns the bytes released.
 
         Only whole pages inside the slot are dropped (they read as zeros afterwards), so
-        neighbouring slots are never touched. The caller guarantees the slot is free.
+        neighbouring slots and the kept positions are never touched. The caller guarantees
+        the slot is free.
         """
         written = self._high_water[slot]
-        if written == 0:
+        if written <= keep:
             return 0
-        self._high_water[slot] = 0
+        self._high_water[slot] = keep
         n_layer, _, n_kv_head, n_ctx, head_dim = self.k.shape
         row = head_dim * self.dtype.itemsize  # bytes per position
         slot_bytes = n_kv_head * n_ctx * row
@@ -100,10 +103,9 @@ class KVCache:
         for m in self._maps:
             for layer in range(n_layer):
                 for head in range(n_kv_head):
-                    begin = (layer * self.n_slots + slot) * slot_bytes + head * n_ctx * row
-                    end = begin + written * row
-                    begin = -(-begin // page) * page
-                    end = end // page * page
+                    first = (layer * self.n_slots + slot) * slot_bytes + head * n_ctx * row
+                    begin = -(-(first + keep * row) // page) * page
+                    end = (first + written * row) // page * page
                     if end > begin:
                         m.madvise(mmap.MADV_DONTNEED, begin, end - begin)
                         released += end - begin

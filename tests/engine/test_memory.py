@@ -73,6 +73,28 @@ def test_kv_release_drops_only_the_freed_slots_pages():
     assert kv.release(1) == 0  # nothing written since
 
 
+def test_kv_release_past_what_a_kept_slot_keeps_drops_only_the_dead_positions():
+    """A slot the prefix cache keeps with 40 positions, after a 200-position sequence had
+    written there: the pages past position 40 go back, the first 40 positions stay."""
+    kv = KVCache(n_layer=2, n_slots=2, n_kv_head=2, n_ctx=256, head_dim=64)
+    rng = np.random.default_rng(1)
+    for layer in range(2):
+        k = rng.standard_normal((2, 200, 64), dtype=np.float32)
+        kv.write(layer, 0, 0, k, -k)
+        kv.write(layer, 1, 0, k, -k)
+    kept = [kv.view(layer, 0, 40)[0].copy() for layer in range(2)]
+    other = kv.view(1, 1, 200)[0].copy()
+    released = kv.release(0, keep=40)
+    # Positions 48 .. 192 are whole pages (16 positions each): 144 per head, layer, k and v.
+    assert released == 2 * 2 * 2 * 144 * 64 * 4
+    for layer in range(2):
+        np.testing.assert_array_equal(kv.view(layer, 0, 40)[0], kept[layer])
+    assert not kv.k[:, 0, :, 48:192].any() and not kv.v[:, 0, :, 48:192].any()
+    np.testing.assert_array_equal(kv.view(1, 1, 200)[0], other)
+    assert kv.release(0, keep=40) == 0  # nothing written past 40 since
+    assert kv.release(0) == 2 * 2 * 2 * 32 * 64 * 4  # the rest: positions 0 .. 32
+
+
 def test_kv_copy_prefix_shares_a_prompt():
     kv = KVCache(n_layer=1, n_slots=2, n_kv_head=1, n_ctx=16, head_dim=4)
     k = np.arange(40, dtype=np.float32).reshape(1, 10, 4)

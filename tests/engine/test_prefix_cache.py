@@ -305,3 +305,23 @@ def test_more_conversations_than_slots_resume_from_host_memory_and_answer_the_sa
     assert again == first_answer
     forget(svc)
     assert svc.slot_contents.spilled_bytes() == 0
+
+
+def test_a_kept_slot_holds_no_pages_past_what_it_keeps(svc):
+    """A short prompt that takes the slot of a long one's kept KV: once it ends, the long
+    one's later positions are handed back (they were resident and read by no one)."""
+    n_slots = svc.max_concurrent_configured
+    long_prompt = svc.encode_chat([{"role": "user", "content": "lighthouse keeper " * 150}])
+    run(svc, long_prompt)
+    for i in range(n_slots):  # the last of these takes the long prompt's slot
+        run(svc, svc.encode_chat([{"role": "user", "content": f"Count to {i}."}]))
+
+    def look():  # on the engine thread, after it has handled the last freed slot
+        kept = {slot: svc.slot_contents.kept_positions(slot) for slot in range(n_slots)}
+        return kept, {slot: svc.kv._high_water[slot] for slot in range(n_slots)}
+        yield
+
+    kept, written = svc.submit(look()).result(timeout=30)
+    assert all(kept.values())
+    assert written == kept
+    assert max(written.values()) < len(long_prompt)

@@ -845,9 +845,14 @@ class ModelService:
 
     def _release_freed(self, freed: list[int]) -> None:
         """Hand back the KV pages of freed slots that hold nothing worth keeping, and of
-        kept ones past the bounds (slot_cache)."""
+        kept ones past the bounds (slot_cache); of a slot kept, the pages past what it
+        keeps (an earlier, longer sequence's positions, read by no one)."""
         for slot in self.slot_contents.freed(freed, time.monotonic()):
             self.kv.release(slot)
+        for slot in freed:
+            kept = self.slot_contents.kept_positions(slot)
+            if kept:
+                self.kv.release(slot, keep=kept)
 
     def _keep_finished_kv(self, ch: _Choice, event: Finished) -> bool:
         """A choice ended: note what its slot holds (still intact: the slot is reused only

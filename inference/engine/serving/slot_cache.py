@@ -284,6 +284,11 @@ class SlotContents:
             return 0
         return common_prefix(kept.tokens, prompt)
 
+    def kept_positions(self, slot: int) -> int:
+        """How many positions of `slot` the cache keeps (0: none, or the slot is in use)."""
+        kept = self._kept.get(slot)
+        return len(kept.tokens) if kept is not None else 0
+
     def parked_conversation(self, slot: int):
         """The session conversation whose KV `slot` holds, or None."""
         kept = self._held(slot)
