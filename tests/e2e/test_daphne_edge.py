@@ -189,12 +189,14 @@ def test_a_console_key_with_a_large_body_is_served(keyed):
 )  # fmt: skip
 def test_every_spelling_of_session_watch_needs_the_sessions_scope(keyed, path):
     url = path + "?session_id=probe&model=" + MODEL
-    answer = send_raw(keyed, head("GET", url, {"x-api-key": keyed.inference_key}))
+    # Connection: close, so that the read ends with the answer (not send_raw's timeout).
+    headers = {"x-api-key": keyed.inference_key, "Connection": "close"}
+    answer = send_raw(keyed, head("GET", url, headers))
     assert "'sessions' scope" in answer.error(403, "insufficient_scope")
 
 
 def test_a_root_path_header_does_not_reach_around_the_scope(keyed):
-    headers = {"x-api-key": keyed.inference_key, "Daphne-Root-Path": "/x"}
+    headers = {"x-api-key": keyed.inference_key, "Daphne-Root-Path": "/x", "Connection": "close"}
     answer = send_raw(keyed, head("GET", "/x/session/watch?session_id=probe", headers))
     assert answer.status in (403, 404), answer.raw[:300]
     assert b"watch established" not in answer.raw
