@@ -287,6 +287,9 @@ def measure(args, model: Path, data_dir: Path) -> dict:
         "backend": args.backend or os.environ.get("PANTHEON_BACKEND", "auto"),
         "reps": args.reps,
         "peer_skipped": why_not or None,
+        # What our server inherits (it shares this environment): a run without the prefix
+        # cache, which llama-server has on (cache_prompt), is not the shipped comparison.
+        "ours_prefix_cache": os.environ.get("PANTHEON_PREFIX_CACHE", "1 (default)"),
     }
     with contextlib.ExitStack() as stack:
         srv = stack.enter_context(running_server(data_dir / "ours", {MODEL: model}, **env))
@@ -294,7 +297,11 @@ def measure(args, model: Path, data_dir: Path) -> dict:
         # GET / says which compute kernels run ("numpy" when the compiled ones are absent).
         result["ours_backend_reported"] = health.get("kernel") or health.get("backend")
         result["ours_kernel_isa"] = health.get("kernel_isa")
-        print(f"ours: {srv.url} (pid {srv.proc.pid}), {env}", flush=True)
+        print(
+            f"ours: {srv.url} (pid {srv.proc.pid}), {env}, "
+            f"PANTHEON_PREFIX_CACHE={result['ours_prefix_cache']}",
+            flush=True,
+        )
         ours_rss = stack.enter_context(RssSampler(srv.proc.pid, args.sample_s))
         servers = {"ours": srv.url}
         peer_rss = None
