@@ -23,6 +23,7 @@ _SCALARS = {
     10: "<Q", 11: "<q", 12: "<d",
 }  # fmt: skip
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _MAX_DIMS = 8
 
 
@@ -74,6 +75,8 @@ class _Cursor:
                 return values.tolist()
             if count > len(self.data):  # every element takes at least a byte
                 raise HeaderError("an array longer than the file")
+            if itype == _STRING:
+                return self._strings(count)
             items, bad = [], None
             for _ in range(count):  # read every element even past a bad one: the cursor
                 try:  # must end after the array
@@ -84,6 +87,29 @@ class _Cursor:
                 raise bad
             return items
         raise HeaderError(f"unknown metadata value type {vtype}")
+
+    def _strings(self, count: int) -> list[str]:
+        """An array of `count` strings: `string()` in one loop with its lookups hoisted
+        (a 262k-piece vocabulary took 0.65 s through value() per element)."""
+        data, pos, end = self.data, self.pos, len(self.data)
+        unpack = _U64.unpack_from
+        items, bad = [], None
+        for _ in range(count):
+            if pos + 8 > end:
+                raise HeaderError("the header runs past the end of the file")
+            (n,) = unpack(data, pos)
+            pos += 8
+            if pos + n > end:
+                raise HeaderError("the header runs past the end of the file")
+            try:  # read every element even past a bad one, as value() does
+                items.append(str(data[pos : pos + n], "utf-8"))
+            except UnicodeDecodeError as exc:
+                bad = exc
+            pos += n
+        self.pos = pos
+        if bad is not None:
+            raise bad
+        return items
 
 
 def read_header(
