@@ -69,3 +69,18 @@ def test_a_damaged_file_is_not_a_gguf_file_at_open(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(NotAGGUFFile):
         GGUFFile(path)
+
+
+def test_a_string_array_with_a_bad_element_leaves_its_key_out_and_reads_on():
+    def s(b: bytes) -> bytes:
+        return struct.pack("<Q", len(b)) + b
+
+    pieces = [b"x", b"\xff\xfe", b"yz"]  # the second is not UTF-8
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 3)
+    data += s(b"t.ok") + struct.pack("<IIQ", 9, 8, 2) + s(b"a") + s(b"bc")
+    data += s(b"t.bad") + struct.pack("<IIQ", 9, 8, 3) + b"".join(s(p) for p in pieces)
+    data += s(b"t.after") + struct.pack("<II", 4, 7)
+    metadata, tensors = read_header(data)
+    assert metadata == {"t.ok": ["a", "bc"], "t.after": 7} and tensors == {}
+    with pytest.raises(HeaderError):  # an element's length past the end
+        read_header(data[: data.index(b"yz") + 1])
