@@ -63,7 +63,9 @@ def softmax_inplace(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+    # exp(-x) overflows to inf below x = -88 (float32), and x / inf is the right limit, -0.
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
