@@ -1,6 +1,7 @@
 """Pantheon and llama.cpp's llama-server side by side, in one run, on the same file.
 
-    python bench/bench_peer.py [--threads 2] [--reps 3] [--backend cpu|numpy] [--json OUT]
+    python bench/bench_peer.py [--threads 2] [--reps 3] [--backend cpu|numpy]
+        [--activations float32|bfloat16] [--json OUT]
 
 Starts our server (Daphne, as bench/soak.py does: tests/e2e/daphne_server.py) on the
 shipped SmolLM2 Q4_1 with PANTHEON_THREADS=--threads and 8 slots of 4096 tokens
@@ -22,7 +23,9 @@ The peer builds itself on its first call (about 15 minutes on 2 cores). Unless
 ${XDG_CACHE_HOME:-~/.cache}/pantheon-peer/*/src/vendor/llama.cpp/build/bin/); otherwise
 the run says "llama-server not available: peer skipped" and measures ours alone.
 --peer-cmd replaces the tool (e.g. a llama-server binary elsewhere); --no-peer skips it.
---backend sets PANTHEON_BACKEND for our server (its compute backend).
+--backend sets PANTHEON_BACKEND for our server (its compute backend), --activations
+PANTHEON_ACTIVATIONS (float32, the default, or the opt-in bfloat16 decode products); the
+table's heading says what GET / reported for both.
 
 Each rep parks one session (the turn-2 figure) in one of our 8 slots for the idle TTL:
 keep --reps at 8 or fewer.
@@ -276,6 +279,8 @@ def measure(args, model: Path, data_dir: Path) -> dict:
     }
     if args.backend:
         env["PANTHEON_BACKEND"] = args.backend
+    if args.activations:
+        env["PANTHEON_ACTIVATIONS"] = args.activations
     cmd, why_not = peer_command(args)
     if cmd is None:
         print(f"llama-server not available: peer skipped ({why_not})", flush=True)
@@ -297,6 +302,7 @@ def measure(args, model: Path, data_dir: Path) -> dict:
         # GET / says which compute kernels run ("numpy" when the compiled ones are absent).
         result["ours_backend_reported"] = health.get("kernel") or health.get("backend")
         result["ours_kernel_isa"] = health.get("kernel_isa")
+        result["ours_kernel_activations"] = health.get("kernel_activations")
         print(
             f"ours: {srv.url} (pid {srv.proc.pid}), {env}, "
             f"PANTHEON_PREFIX_CACHE={result['ours_prefix_cache']}",
@@ -329,6 +335,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
     ap.add_argument("--reps", type=int, default=3, help="perf.py repetitions (3; at most 8)")
     ap.add_argument("--backend", choices=["auto", "cpu", "numpy"], help="PANTHEON_BACKEND")
+    ap.add_argument("--activations", choices=["float32", "bfloat16"], help="PANTHEON_ACTIVATIONS")
     ap.add_argument("--peer-cmd", help="the command that runs llama-server (default: the tool)")
     ap.add_argument("--build-peer", action="store_true", help="let the tool build the peer")
     ap.add_argument("--no-peer", action="store_true", help="measure ours alone")
@@ -354,6 +361,7 @@ def main() -> None:
     print(
         f"SmolLM2 {model.name}, {args.threads} threads each, {SLOTS} slots, {TOTAL_CTX} tokens "
         f"in all, {args.reps} rep(s), ours on backend {result['ours_backend_reported']}"
+        f" ({result.get('ours_kernel_activations') or 'no compiled'} activations)"
     )
     print(table(result))
     if result["peer_skipped"]:

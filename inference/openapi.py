@@ -209,6 +209,12 @@ _HEALTH = obj(
             "reference (also when the kernels could not be built)",
         },
         "kernel_isa": {"type": "string", "description": "avx512, avx2 or generic (cpu only)"},
+        "kernel_activations": {
+            "type": "string",
+            "enum": ["float32", "bfloat16"],
+            "description": "what the decode products round activations to (cpu only; "
+            "bfloat16 is opt-in: PANTHEON_ACTIVATIONS)",
+        },
         "build": {"type": "string", "description": "git commit, -dirty, or unknown"},
         "accelerator": BOOL,
         "dies_visible": NON_NEGATIVE,

@@ -59,6 +59,9 @@ class HealthView(APIView):
         isa = kernels.kernel_isa(_backend_setting())
         if isa:
             body["kernel_isa"] = isa
+        activations = kernels.kernel_activations(_backend_setting())
+        if activations:
+            body["kernel_activations"] = activations
         load_errors = {name: s.error for name, s in states.items() if s.state == FAILED}
         if load_errors:
             body["load_errors"] = load_errors

@@ -79,6 +79,15 @@ def kernel_isa(name: str = DEFAULT_BACKEND) -> str | None:
         return None
 
 
+def kernel_activations(name: str = DEFAULT_BACKEND) -> str | None:
+    """What the compiled decode products round activations to ("float32", or "bfloat16"
+    when PANTHEON_ACTIVATIONS asked for it and the CPU has it); None on numpy."""
+    try:
+        return getattr(get_backend(name), "activations", None)
+    except ValueError:
+        return None
+
+
 @functools.cache
 def get_backend(name: str = DEFAULT_BACKEND) -> Backend:
     """The backend called `name` (one shared instance per process)."""

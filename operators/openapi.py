@@ -49,6 +49,11 @@ _INSTANCE = obj(
         "weight_cache_used": BOOL,
         "kernel": {"type": "string", "enum": ["cpu", "numpy"]},
         "kernel_isa": STRING,
+        "kernel_activations": {
+            "type": "string",
+            "enum": ["float32", "bfloat16"],
+            "description": "what the decode products round activations to (cpu only)",
+        },
         "kernel_fallback": {
             "type": "object",
             "description": "tensor type -> tensors dequantised to float32 (no kernel)",

@@ -44,6 +44,8 @@ def model_row(info: InstanceInfo) -> dict:
     }
     if svc.kernel_isa:
         row["kernel_isa"] = svc.kernel_isa
+    if svc.kernel_activations:
+        row["kernel_activations"] = svc.kernel_activations
     if svc.kernel_fallback:
         row["kernel_fallback"] = svc.kernel_fallback
     if svc.context_window:  # omitted when unknown, never 0 (the contract)

@@ -23,6 +23,9 @@ PANTHEON_THREADS       threads of the engine, one pool for every loaded model (0
                        kernels/threads.py)
 PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they were
                        built, else numpy), cpu, or numpy (the float32 reference)
+PANTHEON_ACTIVATIONS   float32 (exact products, the default) or bfloat16 (decode products
+                       from bfloat16 x and weights: ~1.5x at 8 streams on AVX-512 BF16
+                       CPUs, float32 elsewhere; kernels/cpu_backend.py)
 PANTHEON_PREFIX_CACHE  1: a free slot keeps its last request's KV for a prompt that begins
                        the same way, per API key (0: only session turns resume) (1)
 PANTHEON_PREFIX_CACHE_RAM_MB  host memory for kept prefixes a new prompt's slot displaced,
@@ -328,6 +331,9 @@ PANTHEON_ENGINE_OPTIONS = {
 }
 if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy"):
     raise EnvError("PANTHEON_BACKEND must be auto, cpu or numpy")
+# Read by the compiled backend itself (kernels/cpu_backend.py); checked here, at start.
+if os.environ.get("PANTHEON_ACTIVATIONS", "float32") not in ("", "float32", "bfloat16"):
+    raise EnvError("PANTHEON_ACTIVATIONS must be float32 or bfloat16")
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")
 if PANTHEON_ENGINE_OPTIONS["prefix_cache_ram_bytes"] < 0:

@@ -187,6 +187,43 @@ static PyObject *py_supported_isas(PyObject *self, PyObject *args) {
     return t;
 }
 
+static const char *act_names[] = {"float32", "bfloat16"};
+
+static PyObject *py_activations(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyUnicode_FromString(act_names[cpu_activations(g_isa)]);
+}
+
+static PyObject *py_supported_activations(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return cpu_bf16_supported() ? Py_BuildValue("(ss)", act_names[0], act_names[1])
+                                : Py_BuildValue("(s)", act_names[0]);
+}
+
+static PyObject *py_set_activations(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (s == NULL) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "set_activations takes 'float32' or 'bfloat16'");
+        return NULL;
+    }
+    const int act = strcmp(s, "float32") == 0 ? ACT_FLOAT32 : strcmp(s, "bfloat16") == 0 ? ACT_BFLOAT16 : -1;
+    if (act < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown activations '%s' (float32, bfloat16)", s);
+        return NULL;
+    }
+    if (cpu_set_activations(act) != 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "bfloat16 activations need a CPU with AVX-512 BF16 (and a compiler "
+                        "that knows it); this one runs float32 only");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_threads(PyObject *self, PyObject *arg) {
     (void)self;
     const long n = PyLong_AsLong(arg);
@@ -990,6 +1027,14 @@ static PyMethodDef methods[] = {
      "set_isa(name): use a lower ISA's kernels (tests); ValueError if the CPU lacks it."},
     {"supported_isas", py_supported_isas, METH_NOARGS,
      "supported_isas() -> tuple of the ISA levels this CPU runs, lowest first."},
+    {"activations", py_activations, METH_NOARGS,
+     "activations() -> 'float32' | 'bfloat16': what linear's products round x and W to\n"
+     "(bfloat16 only while set and the AVX-512 kernels are in use)."},
+    {"supported_activations", py_supported_activations, METH_NOARGS,
+     "supported_activations() -> ('float32',) or ('float32', 'bfloat16') on AVX-512 BF16."},
+    {"set_activations", py_set_activations, METH_O,
+     "set_activations(name): 'float32' (default) or 'bfloat16' (opt-in; ValueError where\n"
+     "the CPU lacks AVX-512 BF16). linear (decode) only: linear_prefill stays float32."},
     {"set_threads", py_set_threads, METH_O, "set_threads(n): threads per call (the caller and n - 1 pool workers)."},
     {"get_threads", py_get_threads, METH_NOARGS, "get_threads() -> threads per call."},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_VARARGS | METH_KEYWORDS,

@@ -372,8 +372,18 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #endif
 
 /* --- AVX-512 F+BW+VL + FMA + F16C: 16 lanes, 2 vectors per chunk */
-#if defined(__clang__)
+/* Compilers that know AVX-512 BF16 also build the opt-in bfloat16 product (BF16DOT);
+ * its functions run only where the CPU has it (cpu_bf16_supported). */
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
+#define BF16DOT 1
+#endif
+#if defined(__clang__) && defined(BF16DOT)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c"))), apply_to = function)
+#elif defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#elif defined(BF16DOT)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
@@ -462,6 +472,30 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 
 /* ------------------------------------------------------------------ dispatch */
 
+static int g_activations = ACT_FLOAT32;
+
+int cpu_bf16_supported(void) {
+#if defined(PANTHEON_X86) && defined(BF16DOT)
+    __builtin_cpu_init();
+    return cpu_best_isa() == ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
+int cpu_set_activations(int act) {
+    if (act == ACT_BFLOAT16 && !cpu_bf16_supported())
+        return -1;
+    if (act != ACT_FLOAT32 && act != ACT_BFLOAT16)
+        return -1;
+    g_activations = act;
+    return 0;
+}
+
+int cpu_activations(int isa) {
+    return g_activations == ACT_BFLOAT16 && isa == ISA_AVX512 ? ACT_BFLOAT16 : ACT_FLOAT32;
+}
+
 int cpu_best_isa(void) {
 #ifdef PANTHEON_X86
     __builtin_cpu_init();
@@ -515,22 +549,74 @@ static void linear_chunk(void *ctx, int64_t i) {
     j->fn(j->w, j->row_bytes, r0, r1, j->K, j->x, j->B, j->out, j->ldo);
 }
 
+typedef struct {
+    linear_bf_rows_fn fn;
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t N, K, B, ldo, chunk;
+    const float *x;
+    const void *xb;
+    float *out;
+} linear_bf_job;
+
+static void linear_bf_chunk(void *ctx, int64_t i) {
+    const linear_bf_job *j = ctx;
+    const int64_t r0 = i * j->chunk, r1 = r0 + j->chunk < j->N ? r0 + j->chunk : j->N;
+    j->fn(j->w, j->row_bytes, r0, r1, j->K, j->x, j->xb, j->B, j->out, j->ldo);
+}
+
+/* ~8 chunks per thread (load balance when another process holds a core), each a
+ * multiple of the 4-row group and at least 16 rows. */
+static int64_t rows_per_chunk(int64_t N, int nthreads) {
+    int64_t chunk = (N + (int64_t)nthreads * 8 - 1) / ((int64_t)nthreads * 8);
+    chunk = (chunk + 3) & ~(int64_t)3;
+    return chunk < 16 ? 16 : chunk;
+}
+
+#if defined(PANTHEON_X86) && defined(BF16DOT)
+/* cpu_linear with bfloat16 products: x rounded once, then the rows as cpu_linear hands
+ * them out. Returns 0, or -1 (nothing done) where the type has no such kernel or the
+ * buffer for x could not be allocated: the float32 product then runs. */
+static int linear_bf16(int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
+                       int64_t K, const float *x, int64_t B, float *out, int64_t ldo,
+                       double work) {
+    linear_bf_rows_fn fn = linear_bf_for_avx512(qt);
+    const int64_t nch = K / 32;
+    if (fn == NULL)
+        return -1;
+    void *xb = NULL;
+    if (nch > 0 && posix_memalign(&xb, 64, (size_t)(B * nch) * 64) != 0)
+        return -1;
+    if (nch > 0)
+        x_to_bf16_avx512(x, B, K, xb);
+    if (nthreads <= 1 || work < 65536.0) {
+        fn(w, row_bytes, 0, N, K, x, xb, B, out, ldo);
+    } else {
+        const int64_t chunk = rows_per_chunk(N, nthreads);
+        linear_bf_job job = {fn, w, row_bytes, N, K, B, ldo, chunk, x, xb, out};
+        pool_run(nthreads, (N + chunk - 1) / chunk, linear_bf_chunk, &job);
+    }
+    free(xb);
+    return 0;
+}
+#endif
+
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
                 int64_t K, const float *x, int64_t B, float *out, int64_t ldo) {
     linear_rows_fn fn = linear_kernel(isa, qt);
     if (fn == NULL || N <= 0 || B <= 0)
         return;
     const double work = (double)N * (double)row_bytes * (double)(B < 4 ? 1 : B / 4);
+#if defined(PANTHEON_X86) && defined(BF16DOT)
+    if (cpu_activations(isa) == ACT_BFLOAT16 &&
+        linear_bf16(nthreads, qt, w, row_bytes, N, K, x, B, out, ldo, work) == 0)
+        return;
+#endif
     if (nthreads <= 1 || work < 65536.0) {
         fn(w, row_bytes, 0, N, K, x, B, out, ldo);
         return;
     }
-    /* ~8 chunks per thread (load balance when another process holds a core), each a
-     * multiple of the 4-row group and at least 16 rows. */
-    int64_t chunk = (N + (int64_t)nthreads * 8 - 1) / ((int64_t)nthreads * 8);
-    chunk = (chunk + 3) & ~(int64_t)3;
-    if (chunk < 16)
-        chunk = 16;
+    const int64_t chunk = rows_per_chunk(N, nthreads);
     linear_job job = {fn, w, row_bytes, N, K, B, ldo, chunk, x, out};
     pool_run(nthreads, (N + chunk - 1) / chunk, linear_chunk, &job);
 }

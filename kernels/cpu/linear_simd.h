@@ -430,6 +430,138 @@ DEF_TYPE(f32, 1, f32, 1, none, 1)
 DEF_TYPE(f16, 1, f16, 1, none, 1)
 DEF_TYPE(bf16, 1, bf16, 1, none, 1)
 
+#ifdef BF16DOT
+/* The bfloat16 product (opt-in: PANTHEON_ACTIVATIONS=bfloat16; AVX-512 BF16 CPUs only).
+ * Each chunk's 32 weight values are decoded as the float tile decodes them, then rounded
+ * to bfloat16 (RNE) with x's 32 values (rounded once per call, x_to_bf16), and one
+ * vdpbf16ps adds their 32 products into the (r, b) accumulator: one instruction where the
+ * float tile spends two FMAs and two x loads. Per (r, b): chunks in order, one horizontal
+ * sum, the float tail; nothing depends on R, BT, the other rows or r0 (batch invariant). */
+static void SFX(x_to_bf16)(const float *x, int64_t B, int64_t K, __m512bh *xb) {
+    const int64_t nch = K / 32;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < nch; c++) {
+            const float *p = x + b * K + c * 32;
+            xb[b * nch + c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+        }
+}
+
+#define DEF_BF(T, TAILED, VAL, SB, P, CS)                                                        \
+    AI void SFX(tilebf_##T)(const uint8_t *w, size_t rb, const int R, const int BT,              \
+                            const __m512bh *xb, const float *x, int64_t K, float *out,           \
+                            int64_t ldo) {                                                       \
+        const int64_t nch = K / 32;                                                              \
+        __m512 acc[4][8];                                                                        \
+        for (int r = 0; r < R; r++)                                                              \
+            for (int b = 0; b < BT; b++)                                                         \
+                acc[r][b] = _mm512_setzero_ps();                                                 \
+        const size_t cb = rb * 32 / (size_t)K, step = (size_t)R * cb;                            \
+        const uint8_t *pf = w + (size_t)PF_GROUPS * R * rb;                                      \
+        kstate st[4];                                                                            \
+        for (int64_t c0 = 0; c0 < nch; c0 += CS) {                                               \
+            for (size_t off = 0; off < CS * step; off += 64)                                     \
+                _mm_prefetch((const char *)(pf + (size_t)c0 * step + off), _MM_HINT_T0);         \
+            if (SB > 1 && c0 % SB == 0)                                                          \
+                for (int r = 0; r < R; r++)                                                      \
+                    SFX(prep_##P)(w + r * rb, c0 / SB, &st[r]);                                  \
+            for (int u = 0; u < CS; u++) {                                                       \
+                const int64_t c = c0 + u;                                                        \
+                __m512bh wb[4];                                                                  \
+                for (int r = 0; r < R; r++) {                                                    \
+                    vf wv[NV];                                                                   \
+                    SFX(chunk_##T)(w + r * rb, c, wv, 0, &st[r], CS > 1 ? u : -1);               \
+                    wb[r] = _mm512_cvtne2ps_pbh(wv[1], wv[0]);                                   \
+                }                                                                                \
+                for (int b = 0; b < BT; b++) {                                                   \
+                    const __m512bh xv = xb[b * nch + c];                                         \
+                    for (int r = 0; r < R; r++)                                                  \
+                        acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wb[r], xv);                      \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int r = 0; r < R; r++)                                                              \
+            for (int b = 0; b < BT; b++) {                                                       \
+                float s = VHSUM(acc[r][b]);                                                      \
+                if (TAILED)                                                                      \
+                    for (int64_t k = nch * 32; k < K; k++)                                       \
+                        s += SFX(val_##VAL)(w + r * rb, k) * x[b * K + k];                       \
+                out[b * ldo + r] = s;                                                            \
+            }                                                                                    \
+    }                                                                                            \
+    static void SFX(tilesbf_##T)(const uint8_t *w, size_t rb, int R, int BT, const __m512bh *xb, \
+                                 const float *x, int64_t K, float *out, int64_t ldo) {           \
+        switch (BT * 8 + R) {                                                                    \
+            BF_TILE_CASES(T)                                                                     \
+        default:                                                                                 \
+            break;                                                                               \
+        }                                                                                        \
+    }                                                                                            \
+    static void SFX(rowsbf_##T)(const uint8_t *w, size_t rb, int64_t r0, int64_t r1, int64_t K,  \
+                                const float *x, const void *xbv, int64_t B, float *out,          \
+                                int64_t ldo) {                                                   \
+        const __m512bh *xb = xbv;                                                                \
+        const int64_t nch = K / 32;                                                              \
+        for (int64_t g = r0; g < r1; g += 4) {                                                   \
+            const int64_t ge = g + 4 < r1 ? g + 4 : r1;                                          \
+            for (int64_t b0 = 0; b0 < B; b0 += BTMAX) {                                          \
+                const int bt = (int)(B - b0 < BTMAX ? B - b0 : BTMAX);                           \
+                int R = ACCS / bt;                                                               \
+                R = R >= 4 ? 4 : R >= 2 ? 2 : 1;                                                 \
+                int64_t r = g;                                                                   \
+                for (; r + R <= ge; r += R)                                                      \
+                    SFX(tilesbf_##T)(w + r * rb, rb, R, bt, xb + b0 * nch, x + b0 * K, K,        \
+                                     out + b0 * ldo + r, ldo);                                   \
+                for (; r < ge; r++)                                                              \
+                    SFX(tilesbf_##T)(w + r * rb, rb, 1, bt, xb + b0 * nch, x + b0 * K, K,        \
+                                     out + b0 * ldo + r, ldo);                                   \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+#define BF_TILE_CASE(T, BT, R)                                                                   \
+    case BT * 8 + R:                                                                             \
+        SFX(tilebf_##T)(w, rb, R, BT, xb, x, K, out, ldo);                                       \
+        break;
+#define BF_TILE_CASES(T)                                                                         \
+    BF_TILE_CASE(T, 1, 1) BF_TILE_CASE(T, 1, 4) BF_TILE_CASE(T, 2, 1) BF_TILE_CASE(T, 2, 4)      \
+        BF_TILE_CASE(T, 3, 1) BF_TILE_CASE(T, 3, 4) BF_TILE_CASE(T, 4, 1) BF_TILE_CASE(T, 4, 4)  \
+            BF_TILE_CASE(T, 5, 1) BF_TILE_CASE(T, 5, 2) BF_TILE_CASE(T, 6, 1)                    \
+                BF_TILE_CASE(T, 6, 2) BF_TILE_CASE(T, 7, 1) BF_TILE_CASE(T, 7, 2)                \
+                    BF_TILE_CASE(T, 8, 1) BF_TILE_CASE(T, 8, 2)
+
+DEF_BF(q4_0, 0, none, 1, none, 1)
+DEF_BF(q4_1, 0, none, 1, none, 1)
+DEF_BF(q5_0, 0, none, 1, none, 1)
+DEF_BF(q5_1, 0, none, 1, none, 1)
+DEF_BF(q8_0, 0, none, 1, none, 1)
+DEF_BF(q4_k, 0, none, 8, q4_k, 2)
+DEF_BF(q5_k, 0, none, 8, q5_k, 2)
+DEF_BF(q6_k, 0, none, 8, q6_k, 1)
+DEF_BF(f32, 1, f32, 1, none, 1)
+DEF_BF(f16, 1, f16, 1, none, 1)
+DEF_BF(bf16, 1, bf16, 1, none, 1)
+
+static linear_bf_rows_fn SFX(linear_bf_for)(int qt) {
+    switch (qt) {
+    case QT_F32: return SFX(rowsbf_f32);
+    case QT_F16: return SFX(rowsbf_f16);
+    case QT_BF16: return SFX(rowsbf_bf16);
+    case QT_Q4_0: return SFX(rowsbf_q4_0);
+    case QT_Q4_1: return SFX(rowsbf_q4_1);
+    case QT_Q5_0: return SFX(rowsbf_q5_0);
+    case QT_Q5_1: return SFX(rowsbf_q5_1);
+    case QT_Q8_0: return SFX(rowsbf_q8_0);
+    case QT_Q4_K: return SFX(rowsbf_q4_k);
+    case QT_Q5_K: return SFX(rowsbf_q5_k);
+    case QT_Q6_K: return SFX(rowsbf_q6_k);
+    default: return NULL;
+    }
+}
+#undef DEF_BF
+#undef BF_TILE_CASE
+#undef BF_TILE_CASES
+#endif /* BF16DOT */
+
 static linear_rows_fn SFX(linear_for)(int qt) {
     switch (qt) {
     case QT_F32: return SFX(rows_f32);

@@ -38,6 +38,12 @@ int qt_tsize(int qt);
  * [r0, r1). `out` already points at column col0. */
 typedef void (*linear_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
                                int64_t K, const float *x, int64_t B, float *out, int64_t ldo);
+/* The same rows from bfloat16 products (linear_simd.h, BF16DOT): xb is x rounded to
+ * bfloat16, 32 values per 64-byte vector, K / 32 vectors per row; x itself serves the
+ * float tail of F32/F16/BF16 rows whose K is not a multiple of 32. */
+typedef void (*linear_bf_rows_fn)(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
+                                  int64_t K, const float *x, const void *xb, int64_t B,
+                                  float *out, int64_t ldo);
 /* One row of K values, decoded exactly as gguf-py's dequantizer computes them. */
 typedef void (*dequant_row_fn)(const uint8_t *row, int64_t K, float *out);
 
@@ -46,6 +52,15 @@ dequant_row_fn dequant_kernel(int isa, int qt);
 
 /* Highest ISA this CPU runs (ISA_*). */
 int cpu_best_isa(void);
+
+/* Activations of cpu_linear (the decode product): ACT_FLOAT32 (the default, float32
+ * products) or ACT_BFLOAT16 (x and the decoded weights rounded to bfloat16, products
+ * summed in float32: opt-in, on AVX-512 BF16 CPUs, when the AVX-512 kernels are in use).
+ * cpu_set_activations returns -1, changing nothing, where the CPU or build lacks it. */
+enum { ACT_FLOAT32 = 0, ACT_BFLOAT16 = 1 };
+int cpu_bf16_supported(void);
+int cpu_set_activations(int act);
+int cpu_activations(int isa); /* what cpu_linear computes with at that ISA */
 
 /* Threaded drivers (OpenMP). */
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,

@@ -33,6 +33,11 @@ def test_health_reports_service_backend_and_build(http, empty_runtime):
     assert body["accelerator"] is False
     assert body["dies_visible"] == kernels.dies_visible()
     assert body["models"] == {}
+    # What the products compute with, said: float32 unless PANTHEON_ACTIVATIONS opts in.
+    if body["kernel"] == "cpu":
+        assert body["kernel_activations"] == kernels.kernel_activations() == "float32"
+    else:
+        assert "kernel_activations" not in body
 
 
 def test_health_says_what_is_still_loading(http, empty_runtime):

@@ -29,6 +29,7 @@ class FakeService:
         self.created = 0
         self.on_accelerator = False
         self.kernel, self.kernel_isa, self.kernel_fallback = "numpy", None, {}
+        self.kernel_activations = None
         self.pooling = "mean"
         self.max_sessions = 4
         self.max_concurrent = 1

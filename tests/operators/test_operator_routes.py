@@ -123,6 +123,7 @@ def test_quantize_on_the_compiled_kernels_loads_smaller(api, rt, model_dir):
         pytest.skip("the compiled CPU kernels are not built")
     row = load(api, quantize=True).json()
     assert row["quantize"] is True and row["kernel"] == "cpu"
+    assert row["kernel_activations"] == "float32"  # the default: exact products
     plain = load(api, name="plain").json()
     assert row["host_bytes"] < plain["host_bytes"]
 

@@ -200,6 +200,7 @@ class ModelService:
         # chose) or "numpy"; and the tensor types that fell back to float32 on the way.
         self.kernel = model.backend.name
         self.kernel_isa = getattr(model.backend, "isa", None)
+        self.kernel_activations = getattr(model.backend, "activations", None)
         self.kernel_fallback = dict(getattr(model, "fallback_types", {}))
         self.stats = EngineStats()
         n_ctx_train = model.hp.n_ctx_train
