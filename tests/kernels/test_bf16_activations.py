@@ -59,29 +59,49 @@ def test_the_mode_is_float32_by_default_and_refuses_unknown_names():
     assert _cpu.activations() == "float32"
 
 
+class _NoBf16Kernels:
+    """The extension's activation calls as a CPU without AVX-512 BF16 answers them."""
+
+    def set_activations(self, name):
+        if name != "float32":
+            raise ValueError("bfloat16 activations need a CPU with AVX-512 BF16")
+
+    def activations(self):
+        return "float32"
+
+
 def test_a_cpu_without_bf16_stays_float32_and_says_so(caplog):
     from kernels.cpu_backend import set_activations
 
-    if HAS_BF16:
-        # The mode is the AVX-512 kernels'; with a lower ISA in use it is not in effect.
-        before = _cpu.isa()
-        _cpu.set_activations("bfloat16")
-        try:
-            _cpu.set_isa("avx2")
-            assert _cpu.activations() == "float32"
-            _cpu.set_isa(before)
-            assert _cpu.activations() == "bfloat16"
-        finally:
-            _cpu.set_isa(before)
-            _cpu.set_activations("float32")
-    else:
-        with pytest.raises(ValueError, match="AVX-512 BF16"):
-            _cpu.set_activations("bfloat16")
-        with caplog.at_level(logging.WARNING, logger="pantheon.engine"):
-            assert set_activations(_cpu, "bfloat16") == "float32"
-        assert "PANTHEON_ACTIVATIONS=bfloat16 not used" in caplog.text
+    # The backend's side: asked for bfloat16 where the kernels refuse it, it warns and
+    # goes on in float32 (GET / then reports float32).
+    engine_log = logging.getLogger("pantheon.engine")
+    engine_log.addHandler(caplog.handler)  # the project's logger does not propagate
+    try:
+        assert set_activations(_NoBf16Kernels(), "bfloat16") == "float32"
+    finally:
+        engine_log.removeHandler(caplog.handler)
+    assert "PANTHEON_ACTIVATIONS=bfloat16 not used" in caplog.text
     with pytest.raises(ValueError, match="use float32 or bfloat16"):
         set_activations(_cpu, "fp8")
+    # The kernels' side, on this CPU.
+    if not HAS_BF16:
+        with pytest.raises(ValueError, match="AVX-512 BF16"):
+            _cpu.set_activations("bfloat16")
+        assert _cpu.activations() == "float32"
+        return
+    # The mode is the AVX-512 kernels'; with a lower ISA in use it is not in effect.
+    before = _cpu.isa()
+    _cpu.set_activations("bfloat16")
+    try:
+        _cpu.set_isa("avx2")
+        assert _cpu.activations() == "float32"
+        _cpu.set_isa(before)
+        assert _cpu.activations() == "bfloat16"
+        assert set_activations(_cpu, "float32") == "float32"
+    finally:
+        _cpu.set_isa(before)
+        _cpu.set_activations("float32")
 
 
 @needs_bf16
