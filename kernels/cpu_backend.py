@@ -43,10 +43,28 @@ GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 PREFILL_DIRECT_ROWS = 4
 
 
-# The decode products' activations (kernels/cpu/quants.h): float32 unless this says
-# bfloat16 and the CPU has AVX-512 BF16.
+# The decode products' activations (kernels/cpu/quants.h): float32 unless the server's
+# PANTHEON_ACTIVATIONS setting asked for bfloat16 (configure_activations, at start) and
+# the CPU has AVX-512 BF16.
 ACTIVATIONS_ENV = "PANTHEON_ACTIVATIONS"
 ACTIVATIONS = ("float32", "bfloat16")
+_requested = {"activations": "float32"}
+
+
+def requested_activations() -> str:
+    return _requested["activations"]
+
+
+def configure_activations(name: str) -> str:
+    """The activations the compiled backend uses from now on (pantheon_site/asgi.py calls
+    this with the setting before any model loads; a backend already built switches at
+    once). Returns what is in use ("float32" where bfloat16 cannot run, or without the
+    compiled kernels)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"{ACTIVATIONS_ENV}={name!r}: use float32 or bfloat16")
+    _requested["activations"] = name
+    ext = load_extension()
+    return set_activations(ext, name) if ext is not None else "float32"
 
 
 def set_activations(ext, name: str) -> str:
@@ -88,7 +106,7 @@ class CpuBackend(NumpyBackend):
         self.qtypes: dict[str, int] = dict(self.ext.QTYPES)
         self.isa = self.ext.isa()
         self.ext.set_threads(threads.kernel_threads())
-        set_activations(self.ext, os.environ.get(ACTIVATIONS_ENV, "float32") or "float32")
+        set_activations(self.ext, requested_activations())
 
     @property
     def activations(self) -> str:

@@ -6,6 +6,7 @@ Module functions are the reference ops; `NumpyBackend` puts them behind the seam
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,10 +20,22 @@ from .weights import RopeTable, Weight
 xp = np
 
 
+def array_module(x):
+    """numpy, or CuPy for a CuPy array. The reference ops below take their array module
+    from their input, so the GPU backend's logic (kernels/xp_backend.py) runs these same
+    lines on the device; on numpy nothing changes."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     # Mean of squares in float32, as llama.cpp and the PyTorch reference do.
-    ms = np.mean(x * x, axis=-1, keepdims=True)
-    return x * (1.0 / np.sqrt(ms + eps)) * weight
+    xp = array_module(x)
+    ms = xp.mean(x * x, axis=-1, keepdims=True)
+    return x * (1.0 / xp.sqrt(ms + eps)) * weight
 
 
 def rope_tables(n_pos: int, rot_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +54,7 @@ def apply_rope_interleaved(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> n
     pairs = x.reshape(T, H, Dh // 2, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
     c, s = cos[:, None, :], sin[:, None, :]
-    out = np.empty_like(pairs)
+    out = array_module(x).empty_like(pairs)
     out[..., 0] = x0 * c - x1 * s
     out[..., 1] = x0 * s + x1 * c
     return out.reshape(T, H, Dh)
@@ -52,24 +65,26 @@ def apply_rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarr
     half = x.shape[-1] // 2
     x0, x1 = x[..., :half], x[..., half:]
     c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+    return array_module(x).concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
 
 
 def softmax_inplace(x: np.ndarray) -> np.ndarray:
     x -= x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
+    array_module(x).exp(x, out=x)
     x /= x.sum(axis=-1, keepdims=True)
     return x
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     # exp(-x) overflows to inf below x = -88 (float32), and x / inf is the right limit, -0.
-    with np.errstate(over="ignore"):
-        return x / (1.0 + np.exp(-x))
+    xp = array_module(x)
+    with np.errstate(over="ignore") if xp is np else contextlib.nullcontext():
+        return x / (1.0 + xp.exp(-x))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x**3)))
+    xp = array_module(x)
+    return 0.5 * x * (1.0 + xp.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x**3)))
 
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
@@ -92,8 +107,9 @@ def attend(
     T, H, Dh = q.shape
     Hkv, end, _ = keys.shape
     group = H // Hkv
-    q_pos = np.arange(start, start + T)[:, None]
-    k_pos = np.arange(end)[None, :]
+    xp = array_module(q)
+    q_pos = xp.arange(start, start + T)[:, None]
+    k_pos = xp.arange(end)[None, :]
     hidden = k_pos > q_pos
     if window > 0:
         hidden |= q_pos - k_pos >= window
@@ -127,7 +143,7 @@ def attend_one(
 
 def softcap_values(x: np.ndarray, cap: float) -> np.ndarray:
     c = x.dtype.type(cap)
-    return c * np.tanh(x / c)
+    return c * array_module(x).tanh(x / c)
 
 
 # Weight bytes per GEMV call in `linear_rows`: small enough that a chunk stays in the

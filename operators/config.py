@@ -45,6 +45,12 @@ READ_ONLY = (
     ("backend", "PANTHEON_BACKEND", _engine("backend"), "Compute backend: auto, cpu, numpy."),
     ("threads", "PANTHEON_THREADS", lambda: settings.PANTHEON_THREADS, "Engine threads (0: auto)."),
     (
+        "activations",
+        "PANTHEON_ACTIVATIONS",
+        lambda: settings.PANTHEON_ACTIVATIONS,
+        "Decode products: float32, or bfloat16 (opt-in, AVX-512 BF16 CPUs).",
+    ),
+    (
         "prefill_chunk",
         "PANTHEON_PREFILL_CHUNK",
         _engine("prefill_chunk"),

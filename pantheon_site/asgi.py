@@ -33,6 +33,12 @@ from kernels import threads  # noqa: E402
 # arenas capped, before any model loads or server thread starts (kernels/threads.py).
 threads.configure(settings.PANTHEON_THREADS)
 
+from kernels.cpu_backend import configure_activations  # noqa: E402
+
+# float32 decode products unless the operator opted into bfloat16 (a CPU without AVX-512
+# BF16 stays float32 and logs it; GET / says which).
+configure_activations(settings.PANTHEON_ACTIVATIONS)
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 from pantheon_site import stack  # noqa: E402

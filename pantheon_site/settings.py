@@ -331,8 +331,9 @@ PANTHEON_ENGINE_OPTIONS = {
 }
 if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy"):
     raise EnvError("PANTHEON_BACKEND must be auto, cpu or numpy")
-# Read by the compiled backend itself (kernels/cpu_backend.py); checked here, at start.
-if os.environ.get("PANTHEON_ACTIVATIONS", "float32") not in ("", "float32", "bfloat16"):
+# The compiled decode products (kernels.cpu_backend.configure_activations, at start).
+PANTHEON_ACTIVATIONS = os.environ.get("PANTHEON_ACTIVATIONS", "") or "float32"
+if PANTHEON_ACTIVATIONS not in ("float32", "bfloat16"):
     raise EnvError("PANTHEON_ACTIVATIONS must be float32 or bfloat16")
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")

@@ -152,3 +152,23 @@ def test_a_row_has_the_same_bits_in_any_batch_and_thread_count(bf16, name):
                 )
     finally:
         _cpu.set_threads(before)
+
+
+def test_the_setting_reaches_the_backend_and_get_health_says_so(client):
+    """PANTHEON_ACTIVATIONS goes through configure_activations at start (asgi.py); a
+    backend already built switches at once, and GET / reports what is in use."""
+    import kernels
+    from kernels.cpu_backend import configure_activations, requested_activations
+
+    if kernels.kernel_name() != "cpu":
+        pytest.skip("the compiled CPU kernels are not the default backend here")
+    with pytest.raises(ValueError, match="use float32 or bfloat16"):
+        configure_activations("fp16")
+    try:
+        used = configure_activations("bfloat16")
+        assert requested_activations() == "bfloat16"
+        assert used == ("bfloat16" if HAS_BF16 else "float32")
+        assert client.get("/").json()["kernel_activations"] == used
+    finally:
+        configure_activations("float32")
+    assert client.get("/").json()["kernel_activations"] == "float32"

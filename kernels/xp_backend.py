@@ -1,0 +1,221 @@
+"""The GPU backend's logic as array code over a module `xp` (issue 16).
+
+On a GPU `xp` is CuPy: weights go to the device in their GGUF block layout (device memory
+about the file's size), the KV cache lives there, and only logits come back. Everything
+here is written against numpy's API so the suite runs it with xp = numpy against the
+numpy reference (tests/engine/test_xp_backend.py); the CUDA C kernels that will replace
+the slow steps (a dequantising mat-vec instead of dequantise-then-matmul, flash-decode
+attention, fused norms) get these functions as their twins.
+
+Not yet a served backend: `kernels.BACKENDS` has no "cuda" entry, because no line of this
+has run on a GPU (no session has had one). What is missing for issue 16 is listed in
+DESIGN.md ("GPU backend").
+
+Batch invariance, as the seam requires: `linear` multiplies each row of x alone (a stack
+of row vectors, one product each) against fixed chunks of weight rows, so a row's result
+never depends on the batch; `attention_decode` runs each row over its own slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from . import xp_quants
+from .backend import BLOCKS, DENSE, Backend
+from .numpy_backend import (
+    ACTIVATIONS,
+    apply_rope_interleaved,
+    apply_rope_neox,
+    attend,
+    attend_one,
+    chunk_ranges,
+    rms_norm,
+    rope_tables,
+    softcap_values,
+)
+from .weights import STACK, RopeTable, Weight
+
+
+def to_numpy(xp, a) -> np.ndarray:
+    """A host copy (numpy: the array itself)."""
+    return a if xp is np else xp.asnumpy(a)
+
+
+class XpKVCache:
+    """Per-slot keys and values (n_layer, n_slots, Hkv, n_ctx, Dh) in xp's memory, with
+    kernels.kv_cache.KVCache's interface. Device memory is allocated whole at creation
+    (no lazily committed pages, so `release` frees nothing: the memory ladder counts it
+    all from the start)."""
+
+    def __init__(self, xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, dtype=np.float32):
+        shape = (n_layer, n_slots, n_kv_head, n_ctx, head_dim)
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        self.k = xp.zeros(shape, dtype=self.dtype)
+        self.v = xp.zeros(shape, dtype=self.dtype)
+        self.n_ctx = n_ctx
+        self.n_slots = n_slots
+
+    def write(self, layer, slot, start, k, v) -> None:
+        """k, v: (Hkv, T, Dh) for positions start .. start + T."""
+        T = k.shape[1]
+        self.k[layer, slot, :, start : start + T] = k
+        self.v[layer, slot, :, start : start + T] = v
+
+    def note_written(self, slots, ends) -> None:
+        """Nothing to track: `release` has no pages to hand back."""
+
+    def view(self, layer, slot, end):
+        return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
+    def load(self, slot: int, k: np.ndarray, v: np.ndarray, n: int) -> None:
+        """Parked KV from the host (n_layer, Hkv, >= n, Dh) into `slot`'s positions 0 .. n."""
+        self.k[:, slot, :, :n] = self.xp.asarray(k[:, :, :n])
+        self.v[:, slot, :, :n] = self.xp.asarray(v[:, :, :n])
+
+    def save(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of `slot`'s positions 0 .. n: (n_layer, Hkv, n, Dh) each."""
+        k = self.xp.ascontiguousarray(self.k[:, slot, :, :n])
+        v = self.xp.ascontiguousarray(self.v[:, slot, :, :n])
+        return np.array(to_numpy(self.xp, k)), np.array(to_numpy(self.xp, v))
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        n_layer, _, n_kv_head, _, head_dim = self.k.shape
+        return n_layer, n_kv_head, head_dim
+
+    def release(self, slot: int, keep: int = 0) -> int:
+        return 0
+
+    def bytes_per_token(self) -> int:
+        n_layer, _, n_kv_head, _, head_dim = self.k.shape
+        return 2 * n_layer * n_kv_head * head_dim * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+
+class XpBackend(Backend):
+    """Matrices in GGUF blocks on xp's device, dequantised a fixed chunk of rows at a time
+    and multiplied there; every other op is the numpy reference's code run on xp."""
+
+    name = "xp"
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, xp=np):
+        self.xp = xp
+        self.on_accelerator = xp is not np
+
+    # ---- weights ----
+
+    def storage_for(self, qtype: GGMLQuantizationType) -> str:
+        return BLOCKS if xp_quants.supports(qtype) else DENSE
+
+    def dense_weight(self, array: np.ndarray) -> Weight:
+        array = self.xp.asarray(np.ascontiguousarray(array, dtype=np.float32))
+        n, k = array.shape
+        return Weight("f32", (n, k), array, {"chunks": chunk_ranges(n, k, 4)})
+
+    def block_weight(self, blocks, qtype, shape) -> Weight:
+        n, k = int(shape[0]), int(shape[1])
+        data = self.xp.asarray(np.ascontiguousarray(blocks))
+        meta = {"qtype": qtype, "chunks": chunk_ranges(n, k, 4)}
+        return Weight(qtype.name, (n, k), data, meta)
+
+    def stacked_weight(self, parts: list[Weight]) -> Weight:
+        """q/k/v or gate/up as one matrix of parts, each as uploaded (no copy); `linear`
+        fills the output part by part."""
+        k = parts[0].shape[1]
+        n = sum(p.shape[0] for p in parts)
+        offsets = np.cumsum([0] + [p.shape[0] for p in parts[:-1]]).tolist()
+        return Weight(STACK, (n, k), None, {"parts": list(zip(offsets, parts, strict=True))})
+
+    def vector(self, array: np.ndarray):
+        return self.xp.asarray(np.ascontiguousarray(array, dtype=np.float32))
+
+    @staticmethod
+    def _parts(w: Weight):
+        return w.meta["parts"] if w.storage == STACK else [(0, w)]
+
+    def _values(self, w: Weight, begin: int = 0, end: int | None = None):
+        """Rows begin .. end of a (non-stacked) matrix as float32 on the device."""
+        if not w.is_blocks:
+            return w.data[begin:end]
+        return xp_quants.dequantize(self.xp, w.data[begin:end], w.meta["qtype"])
+
+    # ---- ops ----
+
+    def embed(self, table: Weight, token_ids: np.ndarray):
+        ids = self.xp.asarray(np.asarray(token_ids, dtype=np.int64))
+        if not table.is_blocks:
+            return table.data[ids]
+        return xp_quants.dequantize(self.xp, table.data[ids], table.meta["qtype"])
+
+    def linear(self, x, w: Weight):
+        xp = self.xp
+        B = x.shape[0]
+        out = xp.empty((B, 1, w.shape[0]), dtype=np.float32)
+        rows = x[:, None, :]  # (B, 1, K): one row-vector product per row of x
+        for col0, part in self._parts(w):
+            for begin, end in part.meta["chunks"]:
+                values = self._values(part, begin, end)
+                out[:, :, col0 + begin : col0 + end] = xp.matmul(rows, values.T)
+        return out[:, 0]
+
+    def linear_prefill(self, x, w: Weight):
+        parts = [x @ self._values(part).T for _, part in self._parts(w)]
+        return parts[0] if len(parts) == 1 else self.xp.concatenate(parts, axis=1)
+
+    def rms_norm(self, x, weight, eps):
+        return rms_norm(x, weight, eps)
+
+    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
+        cos, sin = rope_tables(n_pos, dim, base)
+        return RopeTable(self.xp.asarray(cos), self.xp.asarray(sin))
+
+    def rope(self, x, positions, table: RopeTable, neox: bool):
+        pos = self.xp.asarray(np.asarray(positions, dtype=np.int64))
+        cos, sin = table.cos[pos], table.sin[pos]
+        return apply_rope_neox(x, cos, sin) if neox else apply_rope_interleaved(x, cos, sin)
+
+    def glu(self, gate_up, d_ff: int, activation: str):
+        return ACTIVATIONS[activation](gate_up[:, :d_ff]) * gate_up[:, d_ff:]
+
+    def softcap(self, x, cap: float):
+        return softcap_values(x, cap)
+
+    # ---- attention over the device KV cache ----
+
+    def make_kv_cache(self, n_layer, n_slots, n_kv_head, n_ctx, head_dim) -> XpKVCache:
+        return XpKVCache(self.xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype)
+
+    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
+        end = start + q.shape[0]
+        kv.write(layer, slot, start, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
+        keys, values = kv.view(layer, slot, end)
+        return attend(q, keys, values, start, scale, window, softcap)
+
+    def attention_decode(
+        self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
+    ):
+        B, H, Dh = q.shape
+        out = self.xp.empty((B, H * Dh), dtype=q.dtype)
+        for b in range(B):
+            slot, p = int(slots[b]), int(positions[b])
+            kv.write(layer, slot, p, k[b][:, None], v[b][:, None])
+            keys, values = kv.view(layer, slot, p + 1)
+            if window > 0 and p + 1 > window:
+                keys, values = keys[:, p + 1 - window :], values[:, p + 1 - window :]
+            out[b] = attend_one(q[b], keys, values, scale, softcap)
+        return out
+
+    def to_host(self, x) -> np.ndarray:
+        return to_numpy(self.xp, x)
