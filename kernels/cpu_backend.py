@@ -32,7 +32,7 @@ from gguf import GGMLQuantizationType
 from . import threads
 from .backend import BLOCKS, DENSE
 from .numpy_backend import NumpyBackend
-from .weights import STACK, Weight
+from .weights import Weight, parts_of, stack_parts
 
 log = logging.getLogger("pantheon.engine")
 
@@ -132,17 +132,11 @@ class CpuBackend(NumpyBackend):
         return Weight(qtype.name, (n, k), blocks, {"qtype": qtype, "kid": kid})
 
     def stacked_weight(self, parts: list[Weight]) -> Weight:
-        """Matrices stacked along `out` (q/k/v, gate/up; of one block type or of several,
-        as Q5_0, Q5_0, Q8_0): each part stays as the file maps it, never copied; one
-        output, filled part by part."""
-        k = parts[0].shape[1]
-        n = sum(p.shape[0] for p in parts)
-        offsets = np.cumsum([0] + [p.shape[0] for p in parts[:-1]]).tolist()
-        return Weight(STACK, (n, k), None, {"parts": list(zip(offsets, parts, strict=True))})
+        """Stacked matrices (q/k/v, gate/up; of one block type or of several, as Q5_0,
+        Q5_0, Q8_0) as parts, each kept as it was made, never copied."""
+        return stack_parts(parts)
 
-    @staticmethod
-    def _parts(w: Weight):
-        return w.meta["parts"] if w.storage == STACK else [(0, w)]
+    _parts = staticmethod(parts_of)
 
     # ---- matmuls ----
 

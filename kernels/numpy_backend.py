@@ -286,7 +286,7 @@ class NumpyBackend(Backend):
         self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
     ):
         B, H, Dh = q.shape
-        out = np.empty((B, H * Dh), dtype=q.dtype)
+        out = array_module(q).empty((B, H * Dh), dtype=q.dtype)
         for b in range(B):
             slot, p = int(slots[b]), int(positions[b])
             kv.write(layer, slot, p, k[b][:, None], v[b][:, None])

@@ -38,6 +38,22 @@ class Weight:
         return self.storage not in ("f32", "f16", "bf16", "f64", STACK)
 
 
+def stack_parts(parts: list[Weight]) -> Weight:
+    """Matrices stacked along `out` as one STACK of parts, each kept as it is (no copy):
+    the backend's product fills its output part by part."""
+    k = parts[0].shape[1]
+    offsets, n = [], 0
+    for part in parts:
+        offsets.append(n)
+        n += part.shape[0]
+    return Weight(STACK, (n, k), None, {"parts": list(zip(offsets, parts, strict=True))})
+
+
+def parts_of(w: Weight) -> list[tuple[int, Weight]]:
+    """[(first output row, part), ...]: a STACK's parts, or the matrix itself at row 0."""
+    return w.meta["parts"] if w.storage == STACK else [(0, w)]
+
+
 @dataclass(eq=False)
 class RopeTable:
     """cos and sin of position x frequency, (n_pos, dim // 2) each, in a backend's memory."""

@@ -18,25 +18,19 @@ never depends on the batch; `attention_decode` runs each row over its own slot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from . import xp_quants
-from .backend import BLOCKS, DENSE, Backend
+from .backend import BLOCKS, DENSE
 from .numpy_backend import (
-    ACTIVATIONS,
+    NumpyBackend,
     apply_rope_interleaved,
     apply_rope_neox,
-    attend,
-    attend_one,
     chunk_ranges,
-    rms_norm,
     rope_tables,
-    softcap_values,
 )
-from .weights import STACK, RopeTable, Weight
+from .weights import RopeTable, Weight, parts_of, stack_parts
 
 
 def to_numpy(xp, a) -> np.ndarray:
@@ -103,9 +97,10 @@ class XpKVCache:
         return int(self.k.nbytes + self.v.nbytes)
 
 
-class XpBackend(Backend):
+class XpBackend(NumpyBackend):
     """Matrices in GGUF blocks on xp's device, dequantised a fixed chunk of rows at a time
-    and multiplied there; every other op is the numpy reference's code run on xp."""
+    and multiplied there; norms, activations and attention are the numpy reference's
+    (inherited: they take their array module from their input), on xp's arrays."""
 
     name = "xp"
     dtype = np.dtype(np.float32)
@@ -131,19 +126,14 @@ class XpBackend(Backend):
         return Weight(qtype.name, (n, k), data, meta)
 
     def stacked_weight(self, parts: list[Weight]) -> Weight:
-        """q/k/v or gate/up as one matrix of parts, each as uploaded (no copy); `linear`
-        fills the output part by part."""
-        k = parts[0].shape[1]
-        n = sum(p.shape[0] for p in parts)
-        offsets = np.cumsum([0] + [p.shape[0] for p in parts[:-1]]).tolist()
-        return Weight(STACK, (n, k), None, {"parts": list(zip(offsets, parts, strict=True))})
+        """Stacked matrices (q/k/v, gate/up; of one block type or of several, as Q5_0,
+        Q5_0, Q8_0) as parts, each kept as it was made, never copied."""
+        return stack_parts(parts)
 
     def vector(self, array: np.ndarray):
         return self.xp.asarray(np.ascontiguousarray(array, dtype=np.float32))
 
-    @staticmethod
-    def _parts(w: Weight):
-        return w.meta["parts"] if w.storage == STACK else [(0, w)]
+    _parts = staticmethod(parts_of)
 
     def _values(self, w: Weight, begin: int = 0, end: int | None = None):
         """Rows begin .. end of a (non-stacked) matrix as float32 on the device."""
@@ -174,9 +164,6 @@ class XpBackend(Backend):
         parts = [x @ self._values(part).T for _, part in self._parts(w)]
         return parts[0] if len(parts) == 1 else self.xp.concatenate(parts, axis=1)
 
-    def rms_norm(self, x, weight, eps):
-        return rms_norm(x, weight, eps)
-
     def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
         cos, sin = rope_tables(n_pos, dim, base)
         return RopeTable(self.xp.asarray(cos), self.xp.asarray(sin))
@@ -186,36 +173,10 @@ class XpBackend(Backend):
         cos, sin = table.cos[pos], table.sin[pos]
         return apply_rope_neox(x, cos, sin) if neox else apply_rope_interleaved(x, cos, sin)
 
-    def glu(self, gate_up, d_ff: int, activation: str):
-        return ACTIVATIONS[activation](gate_up[:, :d_ff]) * gate_up[:, d_ff:]
-
-    def softcap(self, x, cap: float):
-        return softcap_values(x, cap)
-
-    # ---- attention over the device KV cache ----
+    # ---- the device KV cache (attention: the reference's, on these arrays) ----
 
     def make_kv_cache(self, n_layer, n_slots, n_kv_head, n_ctx, head_dim) -> XpKVCache:
         return XpKVCache(self.xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype)
-
-    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
-        end = start + q.shape[0]
-        kv.write(layer, slot, start, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
-        keys, values = kv.view(layer, slot, end)
-        return attend(q, keys, values, start, scale, window, softcap)
-
-    def attention_decode(
-        self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
-    ):
-        B, H, Dh = q.shape
-        out = self.xp.empty((B, H * Dh), dtype=q.dtype)
-        for b in range(B):
-            slot, p = int(slots[b]), int(positions[b])
-            kv.write(layer, slot, p, k[b][:, None], v[b][:, None])
-            keys, values = kv.view(layer, slot, p + 1)
-            if window > 0 and p + 1 > window:
-                keys, values = keys[:, p + 1 - window :], values[:, p + 1 - window :]
-            out[b] = attend_one(q[b], keys, values, scale, softcap)
-        return out
 
     def to_host(self, x) -> np.ndarray:
         return to_numpy(self.xp, x)

@@ -533,92 +533,71 @@ dequant_row_fn dequant_kernel(int isa, int qt) {
 
 /* Rows go to threads in fixed chunks of whole row groups (pool.h); each output element
  * is computed by one thread from start to end, so the thread count never changes a bit.
- * Small products stay on the calling thread (handing them out costs more than they do). */
+ * A job is one product's rows: the float32 kernel (fn), or the bfloat16 one (bf, with x
+ * rounded into xb). */
 typedef struct {
     linear_rows_fn fn;
-    const uint8_t *w;
-    size_t row_bytes;
-    int64_t N, K, B, ldo, chunk;
-    const float *x;
-    float *out;
-} linear_job;
-
-static void linear_chunk(void *ctx, int64_t i) {
-    const linear_job *j = ctx;
-    const int64_t r0 = i * j->chunk, r1 = r0 + j->chunk < j->N ? r0 + j->chunk : j->N;
-    j->fn(j->w, j->row_bytes, r0, r1, j->K, j->x, j->B, j->out, j->ldo);
-}
-
-typedef struct {
-    linear_bf_rows_fn fn;
+    linear_bf_rows_fn bf;
     const uint8_t *w;
     size_t row_bytes;
     int64_t N, K, B, ldo, chunk;
     const float *x;
     const void *xb;
     float *out;
-} linear_bf_job;
+} linear_job;
 
-static void linear_bf_chunk(void *ctx, int64_t i) {
-    const linear_bf_job *j = ctx;
+static void linear_rows(const linear_job *j, int64_t r0, int64_t r1) {
+    if (j->bf != NULL)
+        j->bf(j->w, j->row_bytes, r0, r1, j->K, j->x, j->xb, j->B, j->out, j->ldo);
+    else
+        j->fn(j->w, j->row_bytes, r0, r1, j->K, j->x, j->B, j->out, j->ldo);
+}
+
+static void linear_chunk(void *ctx, int64_t i) {
+    const linear_job *j = ctx;
     const int64_t r0 = i * j->chunk, r1 = r0 + j->chunk < j->N ? r0 + j->chunk : j->N;
-    j->fn(j->w, j->row_bytes, r0, r1, j->K, j->x, j->xb, j->B, j->out, j->ldo);
+    linear_rows(j, r0, r1);
 }
 
-/* ~8 chunks per thread (load balance when another process holds a core), each a
- * multiple of the 4-row group and at least 16 rows. */
-static int64_t rows_per_chunk(int64_t N, int nthreads) {
-    int64_t chunk = (N + (int64_t)nthreads * 8 - 1) / ((int64_t)nthreads * 8);
-    chunk = (chunk + 3) & ~(int64_t)3;
-    return chunk < 16 ? 16 : chunk;
-}
-
-#if defined(PANTHEON_X86) && defined(BF16DOT)
-/* cpu_linear with bfloat16 products: x rounded once, then the rows as cpu_linear hands
- * them out. Returns 0, or -1 (nothing done) where the type has no such kernel or the
- * buffer for x could not be allocated: the float32 product then runs. */
-static int linear_bf16(int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
-                       int64_t K, const float *x, int64_t B, float *out, int64_t ldo,
-                       double work) {
-    linear_bf_rows_fn fn = linear_bf_for_avx512(qt);
-    const int64_t nch = K / 32;
-    if (fn == NULL)
-        return -1;
-    void *xb = NULL;
-    if (nch > 0 && posix_memalign(&xb, 64, (size_t)(B * nch) * 64) != 0)
-        return -1;
-    if (nch > 0)
-        x_to_bf16_avx512(x, B, K, xb);
+/* Small products stay on the calling thread (handing them out costs more than they do);
+ * others go out in ~8 chunks per thread (load balance when another process holds a
+ * core), each a multiple of the 4-row group and at least 16 rows. */
+static void linear_run(linear_job *j, int nthreads) {
+    const double work =
+        (double)j->N * (double)j->row_bytes * (double)(j->B < 4 ? 1 : j->B / 4);
     if (nthreads <= 1 || work < 65536.0) {
-        fn(w, row_bytes, 0, N, K, x, xb, B, out, ldo);
-    } else {
-        const int64_t chunk = rows_per_chunk(N, nthreads);
-        linear_bf_job job = {fn, w, row_bytes, N, K, B, ldo, chunk, x, xb, out};
-        pool_run(nthreads, (N + chunk - 1) / chunk, linear_bf_chunk, &job);
+        linear_rows(j, 0, j->N);
+        return;
     }
-    free(xb);
-    return 0;
+    int64_t chunk = (j->N + (int64_t)nthreads * 8 - 1) / ((int64_t)nthreads * 8);
+    chunk = (chunk + 3) & ~(int64_t)3;
+    j->chunk = chunk < 16 ? 16 : chunk;
+    pool_run(nthreads, (j->N + j->chunk - 1) / j->chunk, linear_chunk, j);
 }
-#endif
 
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
                 int64_t K, const float *x, int64_t B, float *out, int64_t ldo) {
     linear_rows_fn fn = linear_kernel(isa, qt);
     if (fn == NULL || N <= 0 || B <= 0)
         return;
-    const double work = (double)N * (double)row_bytes * (double)(B < 4 ? 1 : B / 4);
+    linear_job job = {fn, NULL, w, row_bytes, N, K, B, ldo, 0, x, NULL, out};
 #if defined(PANTHEON_X86) && defined(BF16DOT)
-    if (cpu_activations(isa) == ACT_BFLOAT16 &&
-        linear_bf16(nthreads, qt, w, row_bytes, N, K, x, B, out, ldo, work) == 0)
-        return;
-#endif
-    if (nthreads <= 1 || work < 65536.0) {
-        fn(w, row_bytes, 0, N, K, x, B, out, ldo);
+    /* bfloat16 products: x rounded once per call. Where the type has no such kernel or
+     * the buffer cannot be had, the float32 product runs. */
+    const int64_t nch = K / 32;
+    void *xb = NULL;
+    if (cpu_activations(isa) == ACT_BFLOAT16 && (job.bf = linear_bf_for_avx512(qt)) != NULL &&
+        (nch == 0 || posix_memalign(&xb, 64, (size_t)(B * nch) * 64) == 0)) {
+        if (nch > 0)
+            x_to_bf16_avx512(x, B, K, xb);
+        job.xb = xb;
+        linear_run(&job, nthreads);
+        free(xb);
         return;
     }
-    const int64_t chunk = rows_per_chunk(N, nthreads);
-    linear_job job = {fn, w, row_bytes, N, K, B, ldo, chunk, x, out};
-    pool_run(nthreads, (N + chunk - 1) / chunk, linear_chunk, &job);
+    job.bf = NULL;
+#endif
+    linear_run(&job, nthreads);
 }
 
 typedef struct {

@@ -10,24 +10,10 @@ import pytest
 
 from tests.engine.test_llama_golden import as_list, greedy_with_logits
 
-try:
-    from kernels import _cpu
-except ImportError:  # pragma: no cover - depends on the build
-    _cpu = None
+# Skips this module too where the compiled kernels are not built (their module does).
+from tests.kernels.test_bf16_activations import HAS_BF16, bf16  # noqa: F401  (a fixture)
 
-pytestmark = pytest.mark.skipif(
-    _cpu is None or "bfloat16" not in _cpu.supported_activations(),
-    reason="the compiled kernels are not built, or this CPU has no AVX-512 BF16",
-)
-
-
-@pytest.fixture
-def bf16():
-    _cpu.set_activations("bfloat16")
-    try:
-        yield
-    finally:
-        _cpu.set_activations("float32")
+pytestmark = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX-512 BF16")
 
 
 TOP5_ATOL_BF16 = 0.3  # measured: at most ~0.2 on the six prompts' first 16 steps
@@ -39,8 +25,9 @@ def first_difference(a: list[int], b: list[int]) -> int:
     )
 
 
+@pytest.mark.usefixtures("bf16")
 def test_greedy_text_stays_closer_to_float32_than_llama_cpp(
-    bf16, smollm2_service, smollm2_f32, smollm2_llamacpp
+    smollm2_service, smollm2_f32, smollm2_llamacpp
 ):
     """The opt-in mode's numerics, judged as the reference README says llama.cpp's must be:
     on the six prompts the tokens it shares with the float32 reference before it first

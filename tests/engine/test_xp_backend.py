@@ -12,7 +12,7 @@ import pytest
 from inference.engine.loading.gguf_file import GGUFFile
 from inference.engine.models import architecture_module
 from kernels.xp_backend import XpBackend, XpKVCache
-from tests.engine.test_architectures import MARGIN_FLOOR, as_list, greedy
+from tests.engine.test_architectures import as_list, check_tiny_reference, greedy
 from tests.engine.test_batch_invariance import TINY, check_batch_invariance
 
 
@@ -29,18 +29,7 @@ def tiny(request):
 def test_tiny_models_match_their_float32_references(tiny, tiny_f32):
     name, (_, model) = tiny
     assert isinstance(model.backend, XpBackend)
-    ref = next(m for m in tiny_f32["models"] if m["gguf"] == name)
-    for case in ref["cases"]:
-        prompt = case["prompt_ids"]
-        logits = model.forward(
-            np.asarray(prompt), 0, model.make_kv_cache(1, 128), 0, all_logits=True
-        )
-        np.testing.assert_allclose(logits.max(-1), case["per_position_max_logit"], atol=1e-2)
-        assert logits.argmax(-1).tolist() == case["per_position_argmax"]
-        expected, margins = case["greedy_ids"], case["top1_top2_margin"]
-        got, _ = greedy(model, prompt, len(expected))
-        tie = next((i for i, m in enumerate(margins) if m < MARGIN_FLOOR), len(expected))
-        assert got[:tie] == expected[:tie]
+    check_tiny_reference(model, next(m for m in tiny_f32["models"] if m["gguf"] == name))
 
 
 def test_each_decode_row_is_bitwise_as_alone(tiny):
