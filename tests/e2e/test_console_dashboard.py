@@ -110,6 +110,15 @@ def test_the_console_index_charts_live_traffic_and_a_load_in_progress(tmp_path, 
                     page.wait_for_function(DRAWN, arg=[MODEL, series], timeout=WAIT_MS)
                 usage_row = page.locator("#dashboard-usage tr", has_text=MODEL)
                 usage_row.wait_for(timeout=WAIT_MS)
+                # The table refreshes on its own: the row can first show an earlier count
+                # (the usage of the first request only, on a slow machine), then all three.
+                page.wait_for_function(
+                    """(model) => [...document.querySelectorAll('#dashboard-usage tr')].some(
+                        (tr) => tr.textContent.includes(model)
+                            && tr.querySelectorAll('td')[2]?.textContent === '3')""",
+                    arg=MODEL,
+                    timeout=WAIT_MS,
+                )
                 cells = usage_row.locator("td").all_text_contents()
                 assert cells[2] == "3", cells  # requests
                 assert cells[5] == str(sum(u["completion_tokens"] for u in usages)), cells
