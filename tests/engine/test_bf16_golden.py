@@ -35,6 +35,8 @@ def test_greedy_text_stays_closer_to_float32_than_llama_cpp(
     one prompt), and until it parts, its top-5 logits stay within 0.3 of the reference."""
     if smollm2_service.model.backend.name != "cpu":
         pytest.skip("the shipped model is not on the compiled kernels here")
+    assert smollm2_service.model.backend.activations == "bfloat16"
+    moved = 0.0  # how far the logits are from the float32 reference: not 0 in this mode
     ours_total = peer_total = 0
     for case, peer in zip(smollm2_f32["greedy"], smollm2_llamacpp["greedy"], strict=True):
         expected = as_list(case["greedy_ids"])
@@ -48,5 +50,7 @@ def test_greedy_text_stays_closer_to_float32_than_llama_cpp(
         for step, ref in enumerate(as_list(case["steps"])[: agree + 1]):
             ours = logits[step][ref["top_ids"]]
             np.testing.assert_allclose(ours, ref["top_logits"], atol=TOP5_ATOL_BF16)
+            moved = max(moved, float(np.abs(ours - ref["top_logits"]).max()))
+    assert moved > 1e-2, moved  # the float32 products stay within 1e-4 of it
     assert ours_total >= peer_total, (ours_total, peer_total)
     assert ours_total >= 200, ours_total  # measured 249 of 288; llama.cpp's is 150

@@ -22,12 +22,15 @@ needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX-512 BF
 
 @pytest.fixture
 def bf16():
-    """bfloat16 products for the test, float32 again after it (the mode is process-wide)."""
-    _cpu.set_activations("bfloat16")
+    """bfloat16 products for the test, float32 again after it. Set as the server sets it
+    (configure_activations): a backend built during the test keeps it."""
+    from kernels.cpu_backend import configure_activations
+
+    assert configure_activations("bfloat16") == "bfloat16"
     try:
         yield
     finally:
-        _cpu.set_activations("float32")
+        configure_activations("float32")
 
 
 def to_bf16(a: np.ndarray) -> np.ndarray:
