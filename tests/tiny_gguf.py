@@ -33,15 +33,18 @@ def write_tiny_llama(
     matrix_type: GGMLQuantizationType = GGMLQuantizationType.F32,
     matrix_transform=None,
     raw_blocks: bool = False,
+    n_vocab: int = 0,
 ) -> Path:
     """A llama GGUF with random weights. Matrices are stored as `matrix_type` (quantised with
     gguf.quants); `matrix_transform(array) -> array` rewrites each float matrix first.
     `raw_blocks` stores random (valid, finite) blocks of `matrix_type` instead, for the types
     gguf.quants can read but not write; `matrix_transform(array, name)` then sees nothing.
     `broken_ffn_down` gives ffn_down the wrong input width: the file loads, and every
-    forward pass fails (a real engine failure)."""
+    forward pass fails (a real engine failure). `n_vocab` > 259 pads the vocabulary with
+    unused tokens, for a file shaped like a real model (bench/bench_gpu.py)."""
     rng = np.random.default_rng(seed)
     tokens = SPECIALS + [bytes_to_unicode()[b] for b in range(256)]
+    tokens += [f"<|unused_{i}|>" for i in range(max(0, n_vocab - len(tokens)))]
     head_dim = d_model // n_head
 
     def weight(*shape: int) -> np.ndarray:
@@ -72,7 +75,7 @@ def write_tiny_llama(
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([3] * len(SPECIALS) + [1] * 256)
+    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
     w.add_token_merges([])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

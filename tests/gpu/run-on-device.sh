@@ -4,8 +4,8 @@
 #   device run:  command "bash tests/gpu/run-on-device.sh", carry [".whl"], timeout_s 480
 # The machine has Python 3.12, numpy, CuPy (CUDA 13), pytest, PyYAML and tqdm, nothing
 # can be fetched there: gguf travels as a wheel. Runs tests/gpu alone (no Django, not the
-# suite's root conftest) with PANTHEON_REQUIRE_GPU=1, so a missing device fails, and
-# writes the log to $OUT.
+# suite's root conftest) with PANTHEON_REQUIRE_GPU=1, so a missing device fails, then
+# bench/bench_gpu.py; logs and figures go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp}"
@@ -15,6 +15,9 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PANTHEON_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
 python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__,
   'devices', cupy.cuda.runtime.getDeviceCount())" 2>&1 | tee -a "$out/gpu.txt"
-timeout 420 python3 -m pytest -q -rA -p no:cacheprovider -o addopts= --confcutdir=tests/gpu \
+timeout 240 python3 -m pytest -q -rA -p no:cacheprovider -o addopts= --confcutdir=tests/gpu \
     tests/gpu 2>&1 | tee "$out/gpu-tests.log"
-exit "${PIPESTATUS[0]}"
+tests_rc="${PIPESTATUS[0]}"
+# The figures beside their rooflines, on a SmolLM2-shaped file written there.
+timeout 200 python3 bench/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.txt"
+exit "$tests_rc"
