@@ -360,6 +360,7 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #undef TILE_CASES
 #undef TILE_CASE
 #undef DEF_TYPE
+#undef TILE_SUMS
 #undef AI
 #undef LD128
 #undef H2F
@@ -455,6 +456,7 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 #undef TILE_CASES
 #undef TILE_CASE
 #undef DEF_TYPE
+#undef TILE_SUMS
 #undef AI
 #undef LD128
 #undef H2F
