@@ -55,14 +55,18 @@ def requested_activations() -> str:
     return _requested["activations"]
 
 
+def _known(name: str) -> str:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"{ACTIVATIONS_ENV}={name!r}: use float32 or bfloat16")
+    return name
+
+
 def configure_activations(name: str) -> str:
     """The activations the compiled backend uses from now on (pantheon_site/asgi.py calls
     this with the setting before any model loads; a backend already built switches at
     once). Returns what is in use ("float32" where bfloat16 cannot run, or without the
     compiled kernels)."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"{ACTIVATIONS_ENV}={name!r}: use float32 or bfloat16")
-    _requested["activations"] = name
+    _requested["activations"] = _known(name)
     ext = load_extension()
     return set_activations(ext, name) if ext is not None else "float32"
 
@@ -71,8 +75,7 @@ def set_activations(ext, name: str) -> str:
     """Ask the kernels for `name`'s products; returns what they use. bfloat16 on a CPU
     without AVX-512 BF16 stays float32, with a warning in the log (GET / and
     /admin/models say what is in use): slower, never wrong."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"{ACTIVATIONS_ENV}={name!r}: use float32 or bfloat16")
+    name = _known(name)
     try:
         ext.set_activations(name)
     except ValueError as exc:
