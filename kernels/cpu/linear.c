@@ -361,6 +361,8 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #undef TILE_CASE
 #undef DEF_TYPE
 #undef TILE_SUMS
+#undef TILE_STEP_PREP
+#undef TILE_STORE
 #undef AI
 #undef LD128
 #undef H2F
@@ -457,6 +459,8 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 #undef TILE_CASE
 #undef DEF_TYPE
 #undef TILE_SUMS
+#undef TILE_STEP_PREP
+#undef TILE_STORE
 #undef AI
 #undef LD128
 #undef H2F

@@ -370,6 +370,31 @@ AI void SFX(hsum16)(const __m512 *v, float *out) {
     } while (0)
 #endif
 
+/* A tile's shared steps (the float and the bfloat16 tiles): before chunks c0 .. c0 + CS,
+ * software prefetch PF_GROUPS row groups ahead (the rows are one contiguous stream read
+ * at R points at once, which the hardware prefetchers follow poorly) and, at a K-quant
+ * super-block, its per-row scales; after the chunks, the float tail of F32/F16/BF16 rows
+ * and the stores. Both read the tile's w, rb, R, BT, K, nch, x, out, ldo, st. */
+#define TILE_STEP_PREP(P, SB, CS)                                                                \
+    do {                                                                                         \
+        const size_t step_ = (size_t)R * (rb * 32 / (size_t)K);                                  \
+        const uint8_t *pf_ = w + (size_t)PF_GROUPS * R * rb + (size_t)c0 * step_;                \
+        for (size_t off = 0; off < (CS) * step_; off += 64)                                      \
+            _mm_prefetch((const char *)(pf_ + off), _MM_HINT_T0);                                \
+        if ((SB) > 1 && c0 % (SB) == 0)                                                          \
+            for (int r = 0; r < R; r++)                                                          \
+                SFX(prep_##P)(w + r * rb, c0 / (SB), &st[r]);                                    \
+    } while (0)
+#define TILE_STORE(TAILED, VAL, sums)                                                            \
+    for (int r = 0; r < R; r++)                                                                  \
+        for (int b = 0; b < BT; b++) {                                                           \
+            float s = (sums)[r][b];                                                              \
+            if (TAILED)                                                                          \
+                for (int64_t k = nch * 32; k < K; k++)                                           \
+                    s += SFX(val_##VAL)(w + r * rb, k) * x[b * K + k];                           \
+            out[b * ldo + r] = s;                                                                \
+        }
+
 /* The tile: R weight rows times BT x-rows, both compile-time constants once inlined.
  * Every (r, b) keeps its own NACC accumulators; vector v of every chunk goes into
  * accumulator v % NACC, chunks in order, then one fixed horizontal sum, then the tail in
@@ -389,18 +414,10 @@ AI void SFX(hsum16)(const __m512 *v, float *out) {
             for (int b = 0; b < BT; b++)                                                         \
                 for (int a = 0; a < NACC; a++)                                                   \
                     acc[r][b][a] = VZERO;                                                        \
-        /* Software prefetch PF_GROUPS row groups ahead: the rows are one contiguous      \
-         * stream read at R points at once, which the hardware prefetchers follow poorly. */ \
-        const size_t cb = rb * 32 / (size_t)K, step = (size_t)R * cb;                            \
-        const uint8_t *pf = w + (size_t)PF_GROUPS * R * rb;                                      \
         kstate st[4];                                                                            \
         /* CS chunks per step (nch is a multiple of CS): c % CS is a compile-time constant */ \
         for (int64_t c0 = 0; c0 < nch; c0 += CS) {                                               \
-            for (size_t off = 0; off < CS * step; off += 64)                                     \
-                _mm_prefetch((const char *)(pf + (size_t)c0 * step + off), _MM_HINT_T0);         \
-            if (SB > 1 && c0 % SB == 0)                                                          \
-                for (int r = 0; r < R; r++)                                                      \
-                    SFX(prep_##P)(w + r * rb, c0 / SB, &st[r]);                                  \
+            TILE_STEP_PREP(P, SB, CS);                                                           \
             for (int u = 0; u < CS; u++) {                                                       \
                 const int64_t c = c0 + u;                                                        \
                 for (int r = 0; r < R; r++) {                                                    \
@@ -416,14 +433,7 @@ AI void SFX(hsum16)(const __m512 *v, float *out) {
         }                                                                                        \
         float sums[4][8];                                                                        \
         TILE_SUMS(R, BT, NACC == 1 ? acc[r][b][0] : VADD(acc[r][b][0], acc[r][b][NACC - 1]), sums); \
-        for (int r = 0; r < R; r++)                                                              \
-            for (int b = 0; b < BT; b++) {                                                       \
-                float s = sums[r][b];                                                            \
-                if (TAILED)                                                                      \
-                    for (int64_t k = nch * 32; k < K; k++)                                       \
-                        s += SFX(val_##VAL)(w + r * rb, k) * x[b * K + k];                       \
-                out[b * ldo + r] = s;                                                            \
-            }                                                                                    \
+        TILE_STORE(TAILED, VAL, sums);                                                           \
     }                                                                                            \
     static void SFX(tiles_##T)(const uint8_t *w, size_t rb, int R, int BT, const float *x,       \
                                int64_t K, float *out, int64_t ldo) {                             \
@@ -509,15 +519,10 @@ static void SFX(x_to_bf16)(const float *x, int64_t B, int64_t K, __m512bh *xb) {
         for (int r = 0; r < R; r++)                                                              \
             for (int b = 0; b < BT; b++)                                                         \
                 acc[r][b] = _mm512_setzero_ps();                                                 \
-        const size_t cb = rb * 32 / (size_t)K, step = (size_t)R * cb;                            \
-        const uint8_t *pf = w + (size_t)PF_GROUPS * R * rb;                                      \
         kstate st[4];                                                                            \
+        /* CS chunks per step (nch is a multiple of CS): c % CS is a compile-time constant */ \
         for (int64_t c0 = 0; c0 < nch; c0 += CS) {                                               \
-            for (size_t off = 0; off < CS * step; off += 64)                                     \
-                _mm_prefetch((const char *)(pf + (size_t)c0 * step + off), _MM_HINT_T0);         \
-            if (SB > 1 && c0 % SB == 0)                                                          \
-                for (int r = 0; r < R; r++)                                                      \
-                    SFX(prep_##P)(w + r * rb, c0 / SB, &st[r]);                                  \
+            TILE_STEP_PREP(P, SB, CS);                                                           \
             for (int u = 0; u < CS; u++) {                                                       \
                 const int64_t c = c0 + u;                                                        \
                 __m512bh wb[4];                                                                  \
@@ -535,14 +540,7 @@ static void SFX(x_to_bf16)(const float *x, int64_t B, int64_t K, __m512bh *xb) {
         }                                                                                        \
         float sums[4][8];                                                                        \
         TILE_SUMS(R, BT, acc[r][b], sums);                                                       \
-        for (int r = 0; r < R; r++)                                                              \
-            for (int b = 0; b < BT; b++) {                                                       \
-                float s = sums[r][b];                                                            \
-                if (TAILED)                                                                      \
-                    for (int64_t k = nch * 32; k < K; k++)                                       \
-                        s += SFX(val_##VAL)(w + r * rb, k) * x[b * K + k];                       \
-                out[b * ldo + r] = s;                                                            \
-            }                                                                                    \
+        TILE_STORE(TAILED, VAL, sums);                                                           \
     }                                                                                            \
     static void SFX(tilesbf_##T)(const uint8_t *w, size_t rb, int R, int BT, const __m512bh *xb, \
                                  const float *x, int64_t K, float *out, int64_t ldo) {           \
