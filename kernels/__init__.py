@@ -1,6 +1,7 @@
 """Compute backends behind one interface (kernels.backend.Backend): the numpy reference,
-and the compiled CPU kernels (`cpu`: GGUF blocks kept as they are, kernels/cpu/) when the
-extension was built. CuPy is a further backend behind the same seam.
+the compiled CPU kernels (`cpu`: GGUF blocks kept as they are, kernels/cpu/) when the
+extension was built, and the GPU backend (`cuda`: kernels/cuda_backend.py on a die of
+kernels/dies.py) where CuPy sees a device.
 
 Nothing here imports Django. `backend_name()` answers "what can this process run on?":
 `cuda` when CuPy is installed and sees at least one usable device, else `cpu`.
@@ -12,23 +13,33 @@ GET / reports it: never a silent fallback).
 from __future__ import annotations
 
 import functools
+import weakref
 
 from .backend import Backend
 
 
-@functools.cache
 def dies_visible() -> int:
-    """Number of CUDA devices CuPy can use (0 without CuPy, driver or card)."""
-    try:
-        import cupy  # noqa: F401  (optional extra `cuda`)
+    """Dies the die manager holds (kernels.dies): the CUDA devices CuPy can use, 0
+    without CuPy, driver or card."""
+    from . import dies
 
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
+    return len(dies.manager())
+
+
+def array_module(x):
+    """numpy, or the module of x's device arrays (CuPy): for code above the seam that
+    must not import a backend."""
+    from .numpy_backend import array_module as of
+
+    return of(x)
 
 
 def backend_name() -> str:
-    return "cuda" if dies_visible() > 0 else "cpu"
+    """ "cuda" where CUDA dies were probed, else "cpu" (dies a test installed are host
+    memory: this process still computes on the CPU)."""
+    from . import dies
+
+    return "cuda" if dies.manager().kind == "cuda" else "cpu"
 
 
 # The GGUF types the compiled CPU kernels compute on as blocks (the extension's QTYPES;
@@ -50,6 +61,35 @@ def _make_cpu() -> Backend:
     return CpuBackend()
 
 
+def _make_cuda() -> Backend:
+    from . import dies
+
+    found = dies.manager()
+    if found.kind != "cuda":
+        raise ValueError("the cuda backend needs CuPy and a CUDA device; none is visible here")
+    return die_backend(found.dies[0])
+
+
+def die_backend(die) -> Backend:
+    """The backend that computes on `die` (one per die): the CUDA kernels on a CUDA die,
+    the xp array code on numpy on a host die (the suite's)."""
+    backend = _die_backends.get(die)
+    if backend is None:
+        if die.kind == "cuda":
+            from .cuda_backend import CudaBackend
+
+            backend = CudaBackend(die.ordinal)
+        else:
+            from .xp_backend import XpBackend
+
+            backend = XpBackend(die.xp)
+        _die_backends[die] = backend
+    return backend
+
+
+_die_backends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _make_auto() -> Backend:
     from .cpu_backend import load_extension
 
@@ -57,7 +97,7 @@ def _make_auto() -> Backend:
 
 
 # name -> factory. A backend registers here and nowhere else: models never name one.
-BACKENDS = {"numpy": _make_numpy, "cpu": _make_cpu, "auto": _make_auto}
+BACKENDS = {"numpy": _make_numpy, "cpu": _make_cpu, "cuda": _make_cuda, "auto": _make_auto}
 DEFAULT_BACKEND = "auto"
 
 

@@ -191,6 +191,11 @@ class Backend(ABC):
         ArchSpec."""
         return None
 
+    def adopt(self, x: Array) -> Array:
+        """x, computed by another instance of a backend (the previous stage of a model split
+        across dies), as this backend's array: on a GPU, copied onto this backend's die."""
+        return x
+
     # ---- results ----
 
     @abstractmethod

@@ -180,3 +180,12 @@ class XpBackend(NumpyBackend):
 
     def to_host(self, x) -> np.ndarray:
         return to_numpy(self.xp, x)
+
+    def adopt(self, x):
+        """Hidden states from another die's stage: copied onto the current device (CuPy's
+        copy() lands there, from any device); numpy's arrays are already here."""
+        if self.xp is np:
+            return x
+        if isinstance(x, np.ndarray):
+            return self.xp.asarray(x)
+        return x if x.device.id == self.xp.cuda.Device().id else x.copy()

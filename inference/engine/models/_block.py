@@ -169,9 +169,16 @@ class Decode:
 
 
 class DecoderModel:
-    """A decoder-only transformer: weights held by `backend`, run by the shared block."""
+    """A decoder-only transformer: weights held by `backend`, run by the shared block.
 
-    def __init__(self, gf: GGUFFile, spec: ArchSpec, source: TensorSource):
+    `layers` (default: all) makes it one stage of a model split across dies
+    (models/_pipeline.py): it holds only those layers, its KV cache only theirs; the stage
+    holding layer 0 embeds tokens, the one holding the last layer computes logits, and
+    every other entry point takes and returns hidden states (rows, D) instead."""
+
+    def __init__(
+        self, gf: GGUFFile, spec: ArchSpec, source: TensorSource, layers: range | None = None
+    ):
         self.spec = spec
         self.backend = be = source.backend
         self.hp = hp = HParams.from_gguf(gf, spec)
@@ -185,9 +192,20 @@ class DecoderModel:
             rope_local = be.rope_table(hp.n_ctx_train, hp.rope_dim, spec.local_rope_base)
         self.rope_tables = [rope_global] if rope_local is rope_global else [rope_global, rope_local]
 
-        self.tok_embd = source.matrix("token_embd.weight")  # (V, D)
+        layers = range(hp.n_layer) if layers is None else layers
+        if not 0 <= layers.start < layers.stop <= hp.n_layer or layers.step != 1:
+            raise ValueError(f"layers {layers} of a {hp.n_layer}-layer model")
+        self.layer_range = layers
+        self.embeds = layers.start == 0  # tokens in
+        self.heads = layers.stop == hp.n_layer  # logits out
+        # The embedding table on the stage that embeds, and on the one that computes
+        # logits with it (tied embeddings): a split model may hold it twice.
+        tied = not source.has("output.weight")
+        self.tok_embd = (
+            source.matrix("token_embd.weight") if self.embeds or (self.heads and tied) else None
+        )
         self.layers: list[LayerWeights] = []
-        for i in range(hp.n_layer):
+        for i in layers:
             p = f"blk.{i}."
             qkv_names = [p + f"attn_{x}.weight" for x in "qkv"]
             is_global = hp.is_global(i, spec)
@@ -213,10 +231,12 @@ class DecoderModel:
                 layer.post_attention_norm = source.vector(p + "post_attention_norm.weight")
                 layer.post_ffw_norm = source.vector(p + "post_ffw_norm.weight")
             self.layers.append(layer)
-        self.output_norm = source.vector("output_norm.weight")
-        # Tied embeddings: no output.weight in the file means logits use token_embd.
-        output = source.matrix("output.weight", optional=True)
-        self.output = self.tok_embd if output is None else output
+        self.output_norm = self.output = None
+        if self.heads:
+            self.output_norm = source.vector("output_norm.weight")
+            # Tied embeddings: no output.weight in the file means logits use token_embd.
+            output = source.matrix("output.weight", optional=True)
+            self.output = self.tok_embd if output is None else output
         self.embed_scale = be.dtype.type(math.sqrt(hp.d_model)) if spec.embed_scale else None
         self.attn_scale = 1.0 / math.sqrt(hp.head_dim)
         # Tensor types dequantised at load because the backend has no kernel for them
@@ -231,8 +251,8 @@ class DecoderModel:
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights this model holds in its backend's memory."""
-        matrices = {id(self.tok_embd): self.tok_embd, id(self.output): self.output}
-        vectors = [self.output_norm]
+        matrices = {id(w): w for w in (self.tok_embd, self.output) if w is not None}
+        vectors = [] if self.output_norm is None else [self.output_norm]
         for layer in self.layers:
             for value in vars(layer).values():
                 if isinstance(value, Weight):
@@ -243,7 +263,8 @@ class DecoderModel:
 
     def make_kv_cache(self, n_slots: int, n_ctx: int):
         hp = self.hp
-        return self.backend.make_kv_cache(hp.n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
+        n_layer = len(self.layers)
+        return self.backend.make_kv_cache(n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
 
     def forward(self, tokens, start: int, kv, slot: int, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions start.. on one slot (a prompt chunk). Returns logits of
@@ -252,6 +273,8 @@ class DecoderModel:
         self._check_window(start, start + T, kv)
         step = Prefill(self.backend, kv, slot, start, T)
         x = self._layers(self._embed(tokens), step)
+        if not self.heads:  # a stage before the last: every row's hidden state goes on
+            return x
         if not all_logits:
             x = x[-1:]
         logits = self._logits(x, step)
@@ -297,6 +320,8 @@ class DecoderModel:
         self._check_window(start, start + T, kv)
         step = Prefill(self.backend, kv, slot, start, T)
         x = self._layers(self._embed(tokens), step)
+        if not self.heads:
+            return x
         return self.backend.to_host(self.backend.rms_norm(x, self.output_norm, self.hp.eps))
 
     def forward_decode(
@@ -322,6 +347,8 @@ class DecoderModel:
     # ---- the shared block ----
 
     def _embed(self, tokens):
+        if not self.embeds:  # a later stage: the previous stage's hidden states
+            return self.backend.adopt(tokens)
         x = self.backend.embed(self.tok_embd, np.asarray(tokens, dtype=np.int64))  # (n, D)
         return x if self.embed_scale is None else x * self.embed_scale
 
@@ -364,6 +391,8 @@ class DecoderModel:
 
     def _logits(self, x, step) -> np.ndarray:
         be = self.backend
+        if not self.heads:  # a stage before the last: its hidden states go on
+            return x
         logits = step.linear(be.rms_norm(x, self.output_norm, self.hp.eps), self.output)  # (n, V)
         if self.spec.final_softcap > 0:
             logits = be.softcap(logits, self.spec.final_softcap)
@@ -377,11 +406,14 @@ def load_decoder(
     cache=None,
     backend: Backend | None = None,
     quantize: bool = False,
+    layers: range | None = None,
 ) -> DecoderModel:
     """Build a DecoderModel of `spec` from `gf` on `backend` (default: the compiled CPU
-    kernels when built, else numpy); `quantize`: float matrices to Q8_0 at load."""
+    kernels when built, else numpy); `quantize`: float matrices to Q8_0 at load; `layers`:
+    only those (one stage of a split model)."""
     if backend is None:
         from kernels import get_backend
 
         backend = get_backend()
-    return DecoderModel(gf, spec, TensorSource(gf, backend, progress, cache, quantize))
+    source = TensorSource(gf, backend, progress, cache, quantize)
+    return DecoderModel(gf, spec, source, layers)

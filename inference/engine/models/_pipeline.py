@@ -1,0 +1,118 @@
+"""A model placed on dies: its layers split into stages, one stage per die, each stage's
+work run on that die's engine thread (kernels.dies).
+
+`PipelineModel` has the interface the serving layer asks of a DecoderModel (forward,
+forward_decode, hidden_states, make_kv_cache, hp, backend, weight_bytes), so the service,
+the scheduler and the HTTP side are unchanged by where the layers are. A pass runs stage
+by stage: the first embeds the tokens, each hands its hidden states (rows, D) to the
+next, which copies them onto its own die, and the last computes logits. Each stage's KV
+cache holds its own layers and lives on its die; kernels.dies.SplitKV puts them together
+behind the KV cache interface (sessions park and restore all layers at once).
+
+On one die this is one stage: every pass is handed to that die's thread (the CUDA device
+and stream are that thread's). A step's stages run one after another: a sequence's token
+needs every layer in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.dies import SplitKV
+
+from ..loading.gguf_file import GGUFFile
+from ..loading.tensors import TensorSource
+from ._block import ArchSpec, DecoderModel
+
+
+def split_layers(n_layer: int, n_stages: int) -> list[range]:
+    """Consecutive layer ranges, as even as can be (the first stages take one more)."""
+    if not 1 <= n_stages <= n_layer:
+        raise ValueError(f"cannot split {n_layer} layers into {n_stages} stages")
+    base, extra = divmod(n_layer, n_stages)
+    ranges, start = [], 0
+    for i in range(n_stages):
+        stop = start + base + (1 if i < extra else 0)
+        ranges.append(range(start, stop))
+        start = stop
+    return ranges
+
+
+@dataclass
+class Stage:
+    die: object  # kernels.dies.Die
+    model: DecoderModel  # only this stage's layers
+
+    def run(self, fn, *args):
+        return self.die.run(fn, *args)
+
+
+class PipelineModel:
+    """A model whose layers are split across dies (one or more), a stage per die."""
+
+    def __init__(self, stages: list[Stage]):
+        self.stages = stages
+        first = stages[0].model
+        self.hp, self.spec = first.hp, first.spec
+        self.backend = first.backend  # what the service reports (name, on_accelerator)
+        self.rope_tables = first.rope_tables
+        self.fallback_types = {}
+        for stage in stages:
+            self.fallback_types.update(stage.model.fallback_types)
+
+    @property
+    def dies(self) -> list:
+        return [s.die for s in self.stages]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(s.model.weight_bytes for s in self.stages)
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int) -> SplitKV:
+        return SplitKV([(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx)) for s in self.stages])
+
+    def _through(self, method: str, x, kv: SplitKV, args):
+        """x (tokens, then hidden states) through every stage's `method`, in order;
+        args(part) gives the rest of its arguments, with that stage's KV part."""
+        for stage, (_, part) in zip(self.stages, kv.parts, strict=True):
+            x = stage.run(getattr(stage.model, method), x, *args(part))
+        return x
+
+    def forward(self, tokens, start: int, kv: SplitKV, slot: int, all_logits: bool = False):
+        return self._through("forward", tokens, kv, lambda part: (start, part, slot, all_logits))
+
+    def hidden_states(self, tokens, start: int, kv: SplitKV, slot: int) -> np.ndarray:
+        return self._through("hidden_states", tokens, kv, lambda part: (start, part, slot))
+
+    def forward_decode(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], kv
+    ) -> np.ndarray:
+        return self._through("forward_decode", tokens, kv, lambda part: (positions, slots, part))
+
+
+def load_pipeline(
+    gf: GGUFFile,
+    spec: ArchSpec,
+    dies: list,
+    backend_of,
+    progress=None,
+    cache=None,
+) -> PipelineModel:
+    """`gf` split by layers across `dies` (kernels.dies.Die); backend_of(die) is the
+    backend that computes on a die. Each stage's weights are uploaded from its die's
+    thread (on CUDA: into that device's memory)."""
+    from ._block import HParams
+
+    n_layer = HParams.from_gguf(gf, spec).n_layer
+    stages = []
+    for die, layers in zip(dies, split_layers(n_layer, len(dies)), strict=True):
+        backend = backend_of(die)
+
+        def build(backend=backend, layers=layers) -> DecoderModel:
+            return DecoderModel(gf, spec, TensorSource(gf, backend, progress, cache), layers)
+
+        stages.append(Stage(die, die.run(build)))
+    return PipelineModel(stages)
