@@ -264,6 +264,14 @@ class DieManager:
             die.stop()
 
 
+def placement(ordinals, backend: str) -> list[Die]:
+    """The dies a model's layers go on: `ordinals` in order; none named means die 0 for the
+    "cuda" backend and no die (host memory) for any other. ValueError for a die this
+    process does not see."""
+    ordinals = tuple(ordinals) or ((0,) if backend == "cuda" else ())
+    return manager().get(ordinals) if ordinals else []
+
+
 def probe_cuda(reserve: int | None = None) -> list[Die]:
     """Every CUDA device CuPy can use, as a die (none without CuPy, a driver or a card)."""
     reserve = reserve_bytes() if reserve is None else reserve

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import kernels
+import kernels.dies
 from pantheon_platform.runtime import InstanceInfo, LoadingInfo, Runtime
 
 
@@ -21,8 +21,8 @@ def model_row(info: InstanceInfo) -> dict:
         "weights_version": svc.weights_version,
         "created": svc.created,
         "loaded_at": int(info.loaded_at),
-        "dies": list(spec.dies),
-        # The numpy engine holds everything in host memory; vram_bytes is the contract's.
+        "dies": list(svc.dies),  # where its layers are, in order (as named, or die 0)
+        # Weights and KV: device memory on a GPU's dies, host memory otherwise.
         "vram_bytes": memory if svc.on_accelerator else 0,
         "host_bytes": 0 if svc.on_accelerator else memory,
         "max_sessions": svc.max_sessions,
@@ -81,31 +81,6 @@ def model_rows(rt: Runtime) -> list[dict]:
 
 
 def dies_listing(rt: Runtime) -> dict:
-    """GET /admin/dies. This engine binds no model to a die, so each die is unoccupied."""
-    n_dies = kernels.dies_visible()
-    data = []
-    for die in range(n_dies):
-        budget, used = _vram(die)
-        data.append(
-            {
-                "die": die,
-                "card": die,
-                "model": "",
-                "n_models": 0,
-                "vram_budget": budget,
-                "vram_used": used,
-            }
-        )
-    return {"object": "list", "n_dies": n_dies, "data": data}
-
-
-def _vram(die: int) -> tuple[int, int]:
-    """(total, used) bytes of one CUDA device, or zeros when it cannot be asked."""
-    try:
-        import cupy
-
-        with cupy.cuda.Device(die):
-            free, total = cupy.cuda.runtime.memGetInfo()
-        return int(total), int(total - free)
-    except Exception:
-        return 0, 0
+    """GET /admin/dies: every die the process sees, its budget (total minus
+    PN_DIE_RESERVE_BYTES), what our allocations hold there and the models they are for."""
+    return kernels.dies.manager().listing()

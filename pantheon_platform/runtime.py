@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 import kernels
+import kernels.dies
 from inference.engine.loading.progress import LoadProgress
 from inference.engine.serving.embedding import POOLINGS
 from inference.engine.types import ModelConfig
@@ -144,6 +145,7 @@ class LoadSpec:
             chat_template=resolve_chat_template(self.chat_template),
             quantize=self.quantize,
             pooling=self.pooling,
+            dies=self.dies,
             **shared,
         )
 
@@ -372,8 +374,16 @@ class Runtime:
                     f"dies {list(spec.dies)} named, but this server has no accelerator dies "
                     f"(backend {kernels.backend_name()}); omit `dies`"
                 )
-            raise InvalidOption("this engine cannot bind a model to dies yet; omit `dies`")
-        if spec.quantize and kernels.kernel_name(spec.engine_config().backend) != "cpu":
+            try:
+                kernels.dies.manager().get(spec.dies)
+            except ValueError as exc:
+                raise InvalidOption(f"dies: {exc}") from None
+            if spec.quantize:
+                raise InvalidOption(
+                    "quantize is for the compiled CPU kernels; a model on dies computes on "
+                    "its file's blocks as they are: omit `quantize` or `dies`"
+                )
+        elif spec.quantize and kernels.kernel_name(spec.engine_config().backend) != "cpu":
             raise InvalidOption(
                 "quantize needs the compiled CPU kernels, and this server runs the float32 "
                 "numpy engine (PANTHEON_BACKEND, or the kernels were not built); omit "
@@ -469,12 +479,13 @@ class Runtime:
             log.exception("model %s failed to load", spec.name)
             raise OperationFailed(f"{type(exc).__name__}: {exc}") from exc
         log.info(
-            "loaded model %s in %.1f s (%s, context window %d, backend %s)",
+            "loaded model %s in %.1f s (%s, context window %d, kernel %s%s)",
             spec.name,
             time.monotonic() - started,
             svc.architecture,
             svc.context_window,
-            kernels.backend_name(),
+            svc.kernel,
+            f", dies {svc.dies}" if svc.dies else "",
         )
         return svc
 
@@ -521,6 +532,10 @@ class Runtime:
         return [i.spec.name for i in candidates[:excess]]
 
     def _admit(self, spec: LoadSpec, info: ModelFileInfo, victims: list[str]) -> None:
+        placed = _placement(spec)
+        if placed:
+            self._admit_on_dies(spec, info, placed, victims)
+            return
         try:
             kernel = kernels.get_backend(spec.engine_config().backend).name
         except ValueError:  # refused again, clearly, by the load itself
@@ -538,6 +553,30 @@ class Runtime:
                 f"({_gib(max(free, 0))}) are free after the {reserve}-byte reserve; "
                 f"lower ctx_cap or max_sessions, or unload a model"
             )
+
+    def _admit_on_dies(self, spec: LoadSpec, info: ModelFileInfo, dies: list, victims) -> None:
+        """Admission on dies: each die takes its share of the layers (weights as the file's
+        blocks plus their KV) and must have it free in its budget (total minus
+        PN_DIE_RESERVE_BYTES) beside what our allocations already hold there."""
+        need = info.estimate_bytes(spec.ctx_cap, spec.max_concurrent or spec.max_sessions, "cpu")
+        share = -(-need // len(dies))
+        with self._lock:
+            leaving = [self._instances[v].svc for v in victims]
+        for die in dies:
+            freed = sum(
+                svc.memory_bytes // len(svc.dies) for svc in leaving if die.ordinal in svc.dies
+            )
+            free = die.free + freed
+            if share > free:
+                raise InsufficientMemory(
+                    f"not enough memory on die {die.ordinal} to load {spec.name!r}: its share "
+                    f"of the layers needs about {share} bytes ({_gib(share)}: the file's blocks "
+                    f"plus float32 KV for {spec.max_concurrent or spec.max_sessions} slots of "
+                    f"{info.context(spec.ctx_cap)} tokens, split across {len(dies)} dies) but "
+                    f"{max(free, 0)} bytes ({_gib(max(free, 0))}) of the die's "
+                    f"{die.budget}-byte budget are free; lower ctx_cap or max_sessions, name "
+                    f"more dies, or unload a model"
+                )
 
     # --- unload -----------------------------------------------------------------------
 
@@ -848,6 +887,14 @@ def resolve_chat_template(value: str) -> str:
 def _describe(exc: Exception) -> str:
     """An operator-facing reason: refusals speak for themselves, anything else names its type."""
     return str(exc) if isinstance(exc, OperatorError) else f"{type(exc).__name__}: {exc}"
+
+
+def _placement(spec: LoadSpec) -> list:
+    """The dies `spec` places its layers on, or [] for host memory."""
+    try:
+        return kernels.dies.placement(spec.dies, spec.engine_config().backend)
+    except ValueError:
+        return []  # refused by checked_spec or, clearly, by the load itself
 
 
 def _file_info(path: str) -> ModelFileInfo:

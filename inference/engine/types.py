@@ -57,6 +57,9 @@ class ModelConfig:
     # How /v1/embeddings pools a text's hidden states: "mean", "last" or "cls" ("": the
     # architecture's default, serving/embedding.py; the `pooling` load option).
     pooling: str = ""
+    # Die ordinals (kernels.dies) the layers are split across, in order; () with backend
+    # "cuda" means die 0, and with any other backend no die at all (host memory).
+    dies: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class FakeService:
         self.max_concurrent = 1
         self.max_concurrent_configured = 4
         self.context_window = 256
+        self.dies: list[int] = []
 
     def close(self) -> None:
         self.closed = True

@@ -59,6 +59,7 @@ class PipelineModel:
         self.hp, self.spec = first.hp, first.spec
         self.backend = first.backend  # what the service reports (name, on_accelerator)
         self.rope_tables = first.rope_tables
+        self.users = 0  # services serving it (the last to close frees its dies' memory)
         self.fallback_types = {}
         for stage in stages:
             self.fallback_types.update(stage.model.fallback_types)

@@ -22,7 +22,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from kernels import get_backend, threads
+from kernels import die_backend, dies, get_backend, threads
 
 from ..decoding.constraints import Constraint, GrammarTokenizer
 from ..decoding.output import ChoiceOutput
@@ -33,6 +33,7 @@ from ..loading.gguf_file import GGUFFile, file_weights_version
 from ..loading.progress import CACHE_WRITE, PARSE, LoadReporter, ProgressCallback, ProgressLog
 from ..loading.weight_cache import WeightCache
 from ..models import WEIGHT_LAYOUT_VERSION, architecture_module
+from ..models._pipeline import load_pipeline
 from ..text.chat_template import ChatTemplate, ChatTemplateError, normalize_messages
 from ..text.tokenizer import Tokenizer, spm_merges_of
 from ..tools.dialects import dialect_for
@@ -76,6 +77,14 @@ log = logging.getLogger("pantheon.engine.service")
 
 
 HEADER_DOCUMENT = "gguf-header"
+
+
+def _dies_for(config: ModelConfig) -> list:
+    """The dies `config` places its layers on (kernels.dies), or [] for host memory."""
+    try:
+        return dies.placement(config.dies, config.backend)
+    except ValueError as exc:
+        raise ModelLoadError(f"{config.name}: {exc}") from None
 
 
 def _cache_key(version: str) -> str:
@@ -212,6 +221,11 @@ class ModelService:
         self.kv = model.make_kv_cache(
             self.max_concurrent_configured, self.context_window_configured
         )
+        # The dies the layers live on (kernels.dies) and what this instance holds there:
+        # the weights once per model, each instance's own KV.
+        self.placed_on = list(getattr(model, "dies", ()))
+        self.dies = [d.ordinal for d in self.placed_on]
+        self._hold_die_memory()
         # What free slots still hold (engine thread only): the prefix cache, and a
         # session's parked conversation in the slot it parked from (at most a quarter of
         # the slots: a 1.9k-token SmolLM2 prefix is 87 MB to copy back otherwise).
@@ -224,7 +238,7 @@ class ModelService:
         self.ladder = MemoryLadder(
             self.max_concurrent_configured,
             self.context_window_configured,
-            probe=device_memory if self.on_accelerator else host_memory,
+            probe=self._die_memory if self.on_accelerator else host_memory,
         )
         self.scheduler = Scheduler(
             self.max_concurrent_configured,
@@ -295,11 +309,15 @@ class ModelService:
                     )
                 except ChatTemplateError as exc:
                     raise ModelLoadError(f"{config.name}: chat_template: {exc}") from exc
-            try:
-                backend = get_backend(config.backend)
-            except ValueError as exc:
-                raise ModelLoadError(f"{config.name}: {exc}") from None
-            model = arch.load(gf, progress, cache, backend=backend, quantize=config.quantize)
+            placed = _dies_for(config)
+            if placed:  # split by layers across dies, each stage on its die's thread
+                model = load_pipeline(gf, arch.SPEC, placed, die_backend, progress, cache)
+            else:
+                try:
+                    backend = get_backend(config.backend)
+                except ValueError as exc:
+                    raise ModelLoadError(f"{config.name}: {exc}") from None
+                model = arch.load(gf, progress, cache, backend=backend, quantize=config.quantize)
             if cache is not None and cache.misses:
                 progress.phase(CACHE_WRITE)  # published as the block exits
         progress.finish()
@@ -690,6 +708,28 @@ class ModelService:
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout=30)
+        placed, self.placed_on = self.placed_on, []  # once, however often close() is called
+        if placed:
+            self.model.users -= 1
+            for die in placed:
+                die.drop(f"kv:{id(self)}")
+                if not self.model.users:
+                    die.drop(f"weights:{id(self.model)}")
+
+    def _hold_die_memory(self) -> None:
+        """Record on each die the bytes this instance's stage holds there: the model's
+        weights (one owner per model, shared by its siblings, dropped with the last) and
+        this instance's KV."""
+        stages = getattr(self.model, "stages", ())
+        for stage, (die, kv) in zip(stages, getattr(self.kv, "parts", ()), strict=True):
+            die.hold(f"weights:{id(self.model)}", self.name, stage.model.weight_bytes)
+            die.hold(f"kv:{id(self)}", self.name, kv.nbytes)
+        if stages:
+            self.model.users += 1
+
+    def _die_memory(self) -> tuple[int, int]:
+        """(free, total) of the fullest die this model is on, as the ladder reads it."""
+        return min((die.run(device_memory) for die in self.placed_on), default=(0, 0))
 
     # ---- engine thread ----
 

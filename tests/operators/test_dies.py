@@ -1,0 +1,111 @@
+"""Models on dies, through the operator routes: the `dies` load option, /admin/dies with
+each die's budget and what our allocations hold there, admission against a die's budget
+(507), and chat served by a model split across dies. The dies are host dies
+(kernels.dies.host_dies: the die logic, engine threads included, with xp = numpy);
+on a GPU the same routes run on CUDA dies (not yet run there)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kernels
+from kernels import dies
+from tests.operators.helpers import error_of
+from tests.operators.test_operator_routes import HI, UNLOAD, load
+
+GIB = 1 << 30
+RESERVE = 1 << 20
+
+
+@pytest.fixture
+def two_dies():
+    with dies.use_manager(dies.DieManager(dies.host_dies(2, GIB, RESERVE))) as manager:
+        yield manager
+
+
+def test_the_dies_route_lists_each_die_with_its_budget(api, two_dies):
+    assert kernels.dies_visible() == 2
+    assert kernels.backend_name() == "cpu"  # host dies: this process still runs on the CPU
+    assert api.get("/").json()["dies_visible"] == 2
+    body = api.get("/admin/dies").json()
+    assert body == {
+        "object": "list",
+        "n_dies": 2,
+        "data": [
+            {
+                "die": i,
+                "card": i,
+                "model": "",
+                "n_models": 0,
+                "vram_budget": GIB - RESERVE,
+                "vram_used": 0,
+            }
+            for i in (0, 1)
+        ],
+    }
+
+
+def test_a_model_split_across_two_dies_serves_chat_and_frees_them(api, rt, model_dir, two_dies):
+    response = load(api, name="split", dies=[0, 1])
+    assert response.status_code == 200, response.content
+    row = response.json()
+    assert row["dies"] == [0, 1]
+    listed = {d["die"]: d for d in api.get("/admin/dies").json()["data"]}
+    assert [listed[i]["model"] for i in (0, 1)] == ["split", "split"]
+    assert [listed[i]["n_models"] for i in (0, 1)] == [1, 1]
+    used = [listed[i]["vram_used"] for i in (0, 1)]
+    assert all(u > 0 for u in used)
+    svc = rt.services()["split"]
+    assert sum(used) == svc.memory_bytes  # every byte the model holds is on its dies
+    assert [s.model.layer_range for s in svc.model.stages] == [range(0, 1), range(1, 2)]
+
+    chat = api.post(
+        "/v1/chat/completions",
+        {"model": "split", "messages": HI, "max_tokens": 4, "temperature": 0},
+    )
+    assert chat.status_code == 200, chat.content
+    assert chat.json()["usage"]["completion_tokens"] >= 1
+
+    # A second model on die 1 only: both listed there, die 0 unchanged.
+    assert load(api, name="one", path="other.gguf", dies=[1]).json()["dies"] == [1]
+    listed = {d["die"]: d for d in api.get("/admin/dies").json()["data"]}
+    assert listed[0]["vram_used"] == used[0] and listed[0]["n_models"] == 1
+    assert listed[1]["n_models"] == 2 and listed[1]["vram_used"] > used[1]
+
+    for name in ("split", "one"):
+        assert api.post(UNLOAD, {"name": name}).status_code == 200
+    assert all(d["vram_used"] == 0 for d in api.get("/admin/dies").json()["data"])
+
+
+def test_a_split_model_answers_as_the_same_model_on_one_die(api, rt, model_dir, two_dies):
+    load(api, name="split", dies=[0, 1])
+    load(api, name="whole", dies=[1])
+    body = {"messages": HI, "max_tokens": 6, "temperature": 0, "logprobs": True}
+    texts = [
+        api.post("/v1/chat/completions", {**body, "model": name}).json()["choices"][0]
+        for name in ("split", "whole")
+    ]
+    assert texts[0]["message"] == texts[1]["message"]
+    assert texts[0]["logprobs"] == texts[1]["logprobs"]  # the same bits, not just tokens
+
+
+@pytest.mark.parametrize(
+    ("dies_", "why"),
+    [([2], "die 2 is not visible"), ([1, 1], "twice")],
+)
+def test_dies_this_server_does_not_have_are_400(api, rt, model_dir, two_dies, dies_, why):
+    assert why in error_of(load(api, dies=dies_), 400, "load_failed")
+    assert rt.states() == {}
+
+
+def test_quantize_on_dies_is_refused(api, rt, model_dir, two_dies):
+    assert "quantize" in error_of(load(api, dies=[0], quantize=True), 400, "load_failed")
+
+
+def test_admission_on_a_die_is_507_when_its_budget_is_full(api, rt, model_dir):
+    small = dies.DieManager(dies.host_dies(2, total_bytes=64 << 10, reserve=0))
+    with dies.use_manager(small):
+        message = error_of(load(api, dies=[0], ctx_cap=256), 507, "load_failed")
+        assert "die 0" in message and "budget" in message
+        assert rt.states() == {}
+        assert all(d["vram_used"] == 0 for d in api.get("/admin/dies").json()["data"])
