@@ -263,23 +263,19 @@ def apply_logit_bias(x: np.ndarray, samplers: list[Sampler]) -> None:
         x[rows, ids] += bias
 
 
+def _penalty_terms(s: Sampler) -> tuple[np.ndarray, ...] | None:
+    """(ids, counts, repetition, presence, frequency) per generated token, for _gather (the
+    device sampler, device_sampling.py, gathers the same)."""
+    if not s.penalised:
+        return None
+    ids, counts = s.generated_counts()
+    n = len(ids)
+    return ids, counts, np.full(n, s.repetition), np.full(n, s.presence), np.full(n, s.frequency)
+
+
 def apply_penalties(x: np.ndarray, samplers: list[Sampler]) -> None:
     """Steps 2 and 3 on (B, V) logits, in place, over each row's generated tokens."""
-
-    def per_token(s: Sampler):
-        if not s.penalised:
-            return None
-        ids, counts = s.generated_counts()
-        n = len(ids)
-        return (
-            ids,
-            counts,
-            np.full(n, s.repetition),
-            np.full(n, s.presence),
-            np.full(n, s.frequency),
-        )
-
-    got = _gather(samplers, x.shape[1], per_token)
+    got = _gather(samplers, x.shape[1], _penalty_terms)
     if got is None:
         return
     rows, ids, counts, rep, presence, frequency = got

@@ -5,7 +5,9 @@ reasoning budget is spent), else a draw from its sampler restricted by its gramm
 response_format constraint, armed once any think block has closed). `choose_rows` does
 that for every row of a pass at once: the grammar masks are filled together and the
 sampler transforms run vectorised over the rows (sampler.sample_batch), each row still
-drawing with its own RNG, so a row's token does not depend on its neighbours.
+drawing with its own RNG, so a row's token does not depend on its neighbours. Logits
+in a device's memory (the GPU backend's) are sampled there (device_sampling.py): only
+the tokens and the logprobs asked for come back.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .constraints import Constraint, fill_masks
+from .device_sampling import array_module, forced_sample_on, sample_batch_on
 from .sampler import Sample, Sampler, forced_sample, sample_batch
 
 
@@ -55,13 +58,21 @@ class DecodeState:
 
 
 def choose_rows(states: list[DecodeState], logits: np.ndarray) -> list[int]:
-    """The next token of each row: `logits` (B, V), states[i] for row i."""
+    """The next token of each row: `logits` (B, V), states[i] for row i. A numpy array is
+    sampled on the host; anything else (a CuPy array; a numpy subclass in the tests) by
+    the same steps as array code over its module, where it lies."""
+    on_host = type(logits) is np.ndarray
+    xp = np if on_host else array_module(logits)
     tokens: list[int | None] = [None] * len(states)
     free = []
     for i, state in enumerate(states):
         if state.forced:
             token = state.forced.popleft()
-            tokens[i] = state._commit(forced_sample(state.sampler, logits[i], token), True)
+            if on_host:
+                sample = forced_sample(state.sampler, logits[i], token)
+            else:
+                sample = forced_sample_on(xp, state.sampler, logits[i], token)
+            tokens[i] = state._commit(sample, True)
         else:
             free.append(i)
     if not free:
@@ -72,7 +83,12 @@ def choose_rows(states: list[DecodeState], logits: np.ndarray) -> list[int]:
         if mask is not None and not mask.any():  # nothing allowed: never hang, say so
             states[i].grammar_failed = True
             masks[k] = None
-    samples = sample_batch([states[i].sampler for i in free], logits[free], masks)
+    samplers = [states[i].sampler for i in free]
+    if on_host:
+        samples = sample_batch(samplers, logits[free], masks)
+    else:  # all rows free (the usual step): no copy of the logits on the device
+        rows = logits if len(free) == len(states) else logits[free]
+        samples = sample_batch_on(xp, samplers, rows, masks)
     for i, sample in zip(free, samples, strict=True):
         tokens[i] = states[i]._commit(sample)
     return tokens  # type: ignore[return-value]
