@@ -13,6 +13,7 @@ import copy
 
 from inference.serializers import MESSAGE_ROLES, ChatCompletionRequest
 from pantheon_platform.openapi import (
+    ATTENTION,
     BOOL,
     INT,
     JSON,
@@ -193,6 +194,7 @@ _MODEL_ENTRY = obj(
             "description": "The effective window (usage.kv_cap); omitted when unknown.",
         },
         "tool_choice_required_with_thinking": BOOL,
+        "attention": ATTENTION,
     },
     ("id", "object", "created", "owned_by", "max_sessions", "max_concurrent"),
 )
@@ -204,9 +206,10 @@ _HEALTH = obj(
         "backend": {"type": "string", "description": "cpu or cuda"},
         "kernel": {
             "type": "string",
-            "enum": ["cpu", "numpy"],
+            "enum": ["cpu", "numpy", "cuda"],
             "description": "cpu: compiled kernels on the GGUF blocks; numpy: the float32 "
-            "reference (also when the kernels could not be built)",
+            "reference (also when the kernels could not be built); cuda: the GPU backend "
+            "(PANTHEON_BACKEND=cuda)",
         },
         "kernel_isa": {"type": "string", "description": "avx512, avx2 or generic (cpu only)"},
         "kernel_activations": {

@@ -104,6 +104,9 @@ class XpBackend(NumpyBackend):
 
     name = "xp"
     dtype = np.dtype(np.float32)
+    # Attention reads the KV cache where it lives, in xp's memory (the die's): never the
+    # host-softmax fallback the contract's `attention` object reports (None: on the die).
+    host_attention_reason = None
 
     def __init__(self, xp=np):
         self.xp = xp

@@ -7,6 +7,7 @@ from __future__ import annotations
 from operators.serializers import NAME_MAX, AliasRequest, LoadRequest, NameRequest, PinRequest
 from pantheon_platform import live_settings
 from pantheon_platform.openapi import (
+    ATTENTION,
     BOOL,
     INT,
     LOAD_PROGRESS,
@@ -47,7 +48,12 @@ _INSTANCE = obj(
         "aliases": {"type": "array", "items": STRING},
         "load_seconds": NUMBER,
         "weight_cache_used": BOOL,
-        "kernel": {"type": "string", "enum": ["cpu", "numpy"]},
+        "kernel": {
+            "type": "string",
+            "enum": ["cpu", "numpy", "cuda", "xp"],
+            "description": "cpu: compiled kernels; numpy: the float32 reference; cuda: the "
+            "GPU backend on CUDA dies; xp: its array code on numpy (host dies, tests only)",
+        },
         "kernel_isa": STRING,
         "kernel_activations": {
             "type": "string",
@@ -61,6 +67,21 @@ _INSTANCE = obj(
         },
         "context_window": {"type": "integer", "minimum": 1},
         "context_window_configured": {"type": "integer", "minimum": 1},
+        "attention": obj(
+            {
+                **ATTENTION["properties"],
+                "gave_up": NON_NEGATIVE,
+                "impossible": NON_NEGATIVE,
+                "host_engagements": NON_NEGATIVE,
+                "ring_alloc_failures": NON_NEGATIVE,
+                "reasons": {
+                    "type": "object",
+                    "description": "Present when host > 0: why layers attend on the host.",
+                    "additionalProperties": NON_NEGATIVE,
+                },
+            },
+            ATTENTION["required"],
+        ),
         "progress": {**LOAD_PROGRESS, "description": "While status is loading."},
     },
     (

@@ -117,6 +117,15 @@ def obj(properties: dict, required: tuple = (), **extra: Any) -> dict:
     return schema
 
 
+# Where each layer's attention runs, for a model on dies (omitted elsewhere, and until a
+# forward pass has reached its layers): ondie + host == total; host > 0 means degraded.
+# /v1/models carries these keys, /admin/models the operator's extended object.
+ATTENTION = obj(
+    {"ondie": NON_NEGATIVE, "host": NON_NEGATIVE, "total": NON_NEGATIVE},
+    ("ondie", "host", "total"),
+)
+
+
 def sse_event(description: str) -> dict:
     """The schema of a text/event-stream response: one event, as its fields (`event`,
     `data`, `id`, `retry`). Each event of a stream is checked against it (OpenAPI 3.2's

@@ -36,6 +36,7 @@ class FakeService:
         self.max_concurrent_configured = 4
         self.context_window = 256
         self.dies: list[int] = []
+        self.attention = None
 
     def close(self) -> None:
         self.closed = True

@@ -6,9 +6,12 @@ on a GPU the same routes run on CUDA dies (not yet run there)."""
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 
 import kernels
+from inference.openapi import _MODEL_ENTRY
+from operators.openapi import _INSTANCE
 from kernels import dies
 from tests.operators.helpers import error_of
 from tests.operators.test_operator_routes import HI, UNLOAD, load
@@ -50,6 +53,7 @@ def test_a_model_split_across_two_dies_serves_chat_and_frees_them(api, rt, model
     assert response.status_code == 200, response.content
     row = response.json()
     assert row["dies"] == [0, 1]
+    assert "attention" not in row  # no pass has reached an attention layer yet
     listed = {d["die"]: d for d in api.get("/admin/dies").json()["data"]}
     assert [listed[i]["model"] for i in (0, 1)] == ["split", "split"]
     assert [listed[i]["n_models"] for i in (0, 1)] == [1, 1]
@@ -65,6 +69,23 @@ def test_a_model_split_across_two_dies_serves_chat_and_frees_them(api, rt, model
     )
     assert chat.status_code == 200, chat.content
     assert chat.json()["usage"]["completion_tokens"] >= 1
+    # Attention residency, now that passes went through: every layer on its die.
+    (served,) = api.get("/v1/models").json()["data"]
+    assert served["attention"] == {"ondie": 2, "host": 0, "total": 2}
+    (operator,) = api.get("/admin/models").json()["data"]
+    assert operator["attention"] == {
+        "ondie": 2,
+        "host": 0,
+        "total": 2,
+        "gave_up": 0,
+        "impossible": 0,
+        "host_engagements": 0,
+        "ring_alloc_failures": 0,
+    }
+    assert "graphs" not in served  # no CUDA graph slots on this backend: omitted
+    # Both rows as the OpenAPI document describes them.
+    jsonschema.validate(operator, _INSTANCE)
+    jsonschema.validate(served, _MODEL_ENTRY)
 
     # A second model on die 1 only: both listed there, die 0 unchanged.
     assert load(api, name="one", path="other.gguf", dies=[1]).json()["dies"] == [1]

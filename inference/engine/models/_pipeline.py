@@ -60,6 +60,7 @@ class PipelineModel:
         self.backend = first.backend  # what the service reports (name, on_accelerator)
         self.rope_tables = first.rope_tables
         self.users = 0  # services serving it (the last to close frees its dies' memory)
+        self.reached = False  # a forward pass has gone through the layers (attention)
         self.fallback_types = {}
         for stage in stages:
             self.fallback_types.update(stage.model.fallback_types)
@@ -80,7 +81,38 @@ class PipelineModel:
         args(part) gives the rest of its arguments, with that stage's KV part."""
         for stage, (_, part) in zip(self.stages, kv.parts, strict=True):
             x = stage.run(getattr(stage.model, method), x, *args(part))
+        self.reached = True
         return x
+
+    def attention_residency(self) -> dict | None:
+        """Where each layer's attention runs: the contract's `attention` object (operator
+        form), None until a pass has reached the layers. A stage whose backend attends in
+        its die's memory counts its layers `ondie`; any other (none today) `host`, with
+        its reason."""
+        if not self.reached:
+            return None
+        ondie = host = 0
+        reasons: dict[str, int] = {}
+        for stage in self.stages:
+            n = len(stage.model.layers)
+            why = getattr(stage.model.backend, "host_attention_reason", "no_flash_kernels")
+            if why is None:
+                ondie += n
+            else:
+                host += n
+                reasons[why] = reasons.get(why, 0) + n
+        row = {
+            "ondie": ondie,
+            "host": host,
+            "total": ondie + host,
+            "gave_up": 0,
+            "impossible": 0,
+            "host_engagements": 0,
+            "ring_alloc_failures": 0,
+        }
+        if host:
+            row["reasons"] = reasons
+        return row
 
     def forward(self, tokens, start: int, kv: SplitKV, slot: int, all_logits: bool = False):
         return self._through("forward", tokens, kv, lambda part: (start, part, slot, all_logits))

@@ -380,6 +380,13 @@ class ModelService:
             return self.scheduler.kv_tokens
 
     @property
+    def attention(self) -> dict | None:
+        """The contract's operator `attention` object for a model on dies (None elsewhere,
+        and until a forward pass has reached its layers)."""
+        residency = getattr(self.model, "attention_residency", None)
+        return residency() if residency else None
+
+    @property
     def busy(self) -> bool:
         """Some request is queued or generating (an aborted one until the engine notices)."""
         return self.scheduler.in_flight > 0
