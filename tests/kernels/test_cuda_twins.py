@@ -1,18 +1,25 @@
 """The numpy twins of the CUDA kernels (kernels/cuda_twins.py, issue 16) against the numpy
 reference: the mat-vec over every block type against dequantise-then-multiply, RMSNorm,
 RoPE, the GLU activations, soft-capping, and flash-decode attention (GQA, sliding window,
-soft-cap, positions on and around chunk boundaries) against NumpyBackend's; and the
-mat-vec and attention rows bitwise as alone for B = 1..8. The kernels themselves run
+soft-cap, positions on and around chunk boundaries) against NumpyBackend's; the
+mat-vec and attention rows bitwise as alone for B = 1..8; and CudaBackend's code around
+its kernels run on the twins (the tiny models as XpBackend computes them, batch invariant). The kernels themselves run
 against these twins on a GPU (tests/gpu/test_cuda_kernels.py)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from kernels import cuda_kernels, cuda_twins, numpy_backend, xp_quants
-from kernels.xp_backend import XpKVCache
+from inference.engine.loading.gguf_file import GGUFFile
+from inference.engine.models import architecture_module
+from kernels import cuda_backend, cuda_kernels, cuda_twins, numpy_backend, xp_quants
+from kernels.cuda_backend import CudaBackend
+from kernels.xp_backend import XpBackend, XpKVCache
+from tests.engine.test_batch_invariance import TINY, check_batch_invariance
 from tests.tiny_gguf import random_blocks
 
 TYPES = list(cuda_kernels.QTYPES)
@@ -165,3 +172,57 @@ def test_attention_twin_rows_are_bitwise_as_alone():
     mixed = run([5, 2, 7, 0])
     for j, b in enumerate([5, 2, 7, 0]):
         assert np.array_equal(mixed[j], alone[b]), b
+
+
+# ---- CudaBackend's own code on the twins ----
+
+
+class TwinLaunchers:
+    """kernels.cuda_kernels' launchers computed by the twins, on numpy: CudaBackend's code
+    around the kernels (stacked parts into their columns, prefill chunks, embeddings, the
+    cache) runs here as it will on a device."""
+
+    supports = staticmethod(cuda_kernels.supports)
+    define = staticmethod(cuda_kernels.define)
+    rms_norm = staticmethod(cuda_twins.rms_norm)
+    rope = staticmethod(cuda_twins.rope)
+    glu = staticmethod(cuda_twins.glu)
+    softcap = staticmethod(cuda_twins.softcap)
+    attention_decode = staticmethod(cuda_twins.attention_decode)
+
+    @staticmethod
+    def matvec(x, blocks, qtype, n, k, out):
+        out[...] = cuda_twins.matvec(x, blocks.view(np.uint8).reshape(n, -1), qtype)
+        return out
+
+    @staticmethod
+    def dequantize(blocks, qtype, n, k):
+        return cuda_twins.dequantize(blocks, qtype)
+
+
+@pytest.fixture
+def backend_on_twins(monkeypatch):
+    monkeypatch.setattr(cuda_backend, "cuda_kernels", TwinLaunchers())
+    backend = CudaBackend.__new__(CudaBackend)  # no CuPy here: XpBackend's numpy state
+    XpBackend.__init__(backend, np)
+    backend.die, backend._device = 0, contextlib.nullcontext()
+    return backend
+
+
+def load(name: str, backend):
+    gf = GGUFFile(TINY / name)
+    return architecture_module(gf.architecture).load(gf, backend=backend)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2.gguf", "tiny-qwen3.gguf"])
+def test_the_cuda_backend_on_the_twins_computes_what_xp_computes(backend_on_twins, name):
+    ours, ref = load(name, backend_on_twins), load(name, XpBackend(np))
+    prompt = np.random.default_rng(10).integers(0, 256, size=23)
+    logits = []
+    for model in (ours, ref):
+        kv = model.make_kv_cache(2, 64)
+        logits.append(model.forward(prompt, 0, kv, 0, all_logits=True))
+        logits.append(model.forward_decode([5, 9], [23, 0], [0, 1], kv))
+    np.testing.assert_allclose(logits[0], logits[2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits[1], logits[3], rtol=1e-5, atol=1e-5)
+    check_batch_invariance(ours, 256, [3, 5, 9, 2, 12, 7, 4, 6])
