@@ -49,6 +49,8 @@ class DieWorker:
     die's context (device current, its stream)."""
 
     def __init__(self, name: str, context: Callable[[], contextlib.AbstractContextManager]):
+        # context(): entered once by the thread; yields the function that waits for the
+        # work the thread queued (a CUDA stream's synchronize; nothing on a host die).
         self._context = context
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -64,7 +66,7 @@ class DieWorker:
         return future.result()
 
     def _loop(self) -> None:
-        with self._context():
+        with self._context() as sync:
             while True:
                 item = self._calls.get()
                 if item is None:
@@ -73,7 +75,11 @@ class DieWorker:
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
-                    future.set_result(fn(*args, **kwargs))
+                    result = fn(*args, **kwargs)
+                    # The work queued on the die's stream is done before anyone else (the
+                    # next stage on another die's stream, the host) reads what it wrote.
+                    sync()
+                    future.set_result(result)
                 except BaseException as exc:  # handed to the caller, raised there
                     future.set_exception(exc)
 
@@ -120,7 +126,7 @@ class Die:
 
     def _context(self) -> contextlib.AbstractContextManager:
         if self.kind != "cuda":
-            return contextlib.nullcontext()
+            return contextlib.nullcontext(lambda: None)
         return _cuda_context(self.xp, self.ordinal)
 
     def stop(self) -> None:
@@ -174,12 +180,12 @@ class Die:
 
 
 @contextlib.contextmanager
-def _cuda_context(cupy, ordinal: int) -> Iterator[None]:
+def _cuda_context(cupy, ordinal: int) -> Iterator[Callable[[], None]]:
     """The die's device current for the whole thread, and its own non-blocking stream."""
     with cupy.cuda.Device(ordinal):
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
-            yield
+            yield stream.synchronize
 
 
 class SplitKV:

@@ -325,10 +325,17 @@ class DecoderModel:
         return self.backend.to_host(self.backend.rms_norm(x, self.output_norm, self.hp.eps))
 
     def forward_decode(
-        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], kv
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        kv,
+        keep_on_device: bool = False,
     ) -> np.ndarray:
         """One decode step for B sequences in one pass: token b at positions[b] on slot
-        slots[b]. Returns logits (B, V).
+        slots[b]. Returns logits (B, V): on the host, or with keep_on_device as the
+        backend's array (on a GPU they stay there: the sampler runs there too,
+        decoding/device_sampling.py, and only the chosen tokens come back).
 
         Batch invariant: row b's logits are the same bits whatever else is in the batch
         (the backend's `linear` and `attention_decode` promise it per row; everything else
@@ -342,7 +349,7 @@ class DecoderModel:
             x = self._layers(x, step)
         else:
             x = self.decode_stack(x, slots, pos, kv)
-        return self._logits(x, step)
+        return self._logits(x, step, keep_on_device)
 
     # ---- the shared block ----
 
@@ -389,14 +396,14 @@ class DecoderModel:
             out = be.rms_norm(out, layer.post_ffw_norm, hp.eps)
         return x + out
 
-    def _logits(self, x, step) -> np.ndarray:
+    def _logits(self, x, step, keep_on_device: bool = False) -> np.ndarray:
         be = self.backend
         if not self.heads:  # a stage before the last: its hidden states go on
             return x
         logits = step.linear(be.rms_norm(x, self.output_norm, self.hp.eps), self.output)  # (n, V)
         if self.spec.final_softcap > 0:
             logits = be.softcap(logits, self.spec.final_softcap)
-        return be.to_host(logits)
+        return logits if keep_on_device else be.to_host(logits)
 
 
 def load_decoder(

@@ -121,9 +121,21 @@ class PipelineModel:
         return self._through("hidden_states", tokens, kv, lambda part: (start, part, slot))
 
     def forward_decode(
-        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[int], kv
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        kv,
+        keep_on_device: bool = False,
     ) -> np.ndarray:
-        return self._through("forward_decode", tokens, kv, lambda part: (positions, slots, part))
+        return self._through(
+            "forward_decode", tokens, kv, lambda part: (positions, slots, part, keep_on_device)
+        )
+
+    def on_last_die(self, fn, *args):
+        """fn(*args) on the last stage's die thread: where logits kept on the device are
+        (the sampler reads them there)."""
+        return self.stages[-1].run(fn, *args)
 
 
 def load_pipeline(

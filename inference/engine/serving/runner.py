@@ -70,7 +70,7 @@ class Runner:
             logits = self._decode(rows)
             live = [i for i, row in enumerate(rows) if row.seq_id in states]
             if live:
-                tokens = choose_rows([states[rows[i].seq_id] for i in live], logits[live])
+                tokens = self._choose([states[rows[i].seq_id] for i in live], logits[live])
                 sampled.update((rows[i].seq_id, t) for i, t in zip(live, tokens, strict=True))
             times.decode_rows = len(rows)
             times.decode_s = time.perf_counter() - t1
@@ -94,13 +94,21 @@ class Runner:
                 yield chunk, self.model.forward(tokens, chunk.start, self.kv, chunk.slot)
 
     def _decode(self, rows) -> np.ndarray:
-        """Logits (B, V) of one decode step: all rows in one batched pass."""
+        """Logits (B, V) of one decode step: all rows in one batched pass, left where the
+        backend computed them (a GPU's: sampled there)."""
         return self.model.forward_decode(
             [r.token_id for r in rows],
             [r.position for r in rows],
             [r.slot for r in rows],
             self.kv,
+            keep_on_device=True,
         )
+
+    def _choose(self, states: list[DecodeState], logits) -> list[int]:
+        """choose_rows where the logits are: on a model on dies, the last die's thread
+        (its device current); on the host, here."""
+        on_die = getattr(self.model, "on_last_die", None)
+        return on_die(choose_rows, states, logits) if on_die else choose_rows(states, logits)
 
 
 def _one_token_last_chunk(chunk: PrefillChunk) -> bool:
