@@ -107,6 +107,11 @@ def _device_ints(cupy, values) -> object:
     return cupy.asarray(np.asarray(values, dtype=np.int32))
 
 
+def _ints(*values: int) -> tuple:
+    """Kernel int arguments: CuPy passes a Python int as 64 bits, an `int` parameter wants 32."""
+    return tuple(np.int32(v) for v in values)
+
+
 # ---- launchers ------------------------------------------------------------------------
 
 
@@ -121,12 +126,13 @@ def matvec(x, blocks, qtype: Q, n: int, k: int, out=None):
     B = x.shape[0]
     if out is None:
         out = cupy.empty((B, n), dtype=np.float32)
-    if out.shape != (B, n) or out.strides[1] != 4:
-        raise ValueError(f"matvec output must be ({B}, {n}) float32 rows, got {out.shape}")
+    if x.shape[1] != k or out.shape != (B, n) or out.strides[1] != 4:
+        raise ValueError(f"matvec of x {x.shape} by ({n}, {k}) into {out.shape} {out.strides}")
     rows, tile = define("MATVEC_ROWS"), define("MATVEC_TILE")
     grid = ((n + rows - 1) // rows, (B + tile - 1) // tile)
-    args = (blocks, x, out, np.int32(n), np.int32(k), np.int32(B), np.int32(out.strides[0] // 4))
-    _kernel(f"matvec_{QTYPES[qtype]}")(grid, (32 * rows,), args)
+    if B and n:
+        args = (blocks, x, out, *_ints(n, k, B, out.strides[0] // 4))
+        _kernel(f"matvec_{QTYPES[qtype]}")(grid, (32 * rows,), args)
     return out
 
 
@@ -136,8 +142,9 @@ def dequantize(blocks, qtype: Q, n: int, k: int):
 
     blocks = cupy.ascontiguousarray(blocks)
     out = cupy.empty((n, k), dtype=np.float32)
-    grid, block = _elementwise(n * k // 8)
-    _kernel(f"dequantize_{QTYPES[qtype]}")(grid, block, (blocks, out, np.int32(n), np.int32(k)))
+    if out.size:
+        grid, block = _elementwise(n * k // 8)
+        _kernel(f"dequantize_{QTYPES[qtype]}")(grid, block, (blocks, out, *_ints(n, k)))
     return out
 
 
@@ -168,7 +175,7 @@ def rope(x, positions, cos, sin, neox: bool):
     pairs = n * H * (Dh // 2)
     if pairs:
         pos = _device_ints(cupy, positions)
-        args = (x, out, pos, cos, sin, np.int32(H), np.int32(Dh), np.int32(neox), np.int64(pairs))
+        args = (x, out, pos, cos, sin, *_ints(H, Dh, neox), np.int64(pairs))
         _kernel("rope")(*_elementwise(pairs), args)
     return out
 
@@ -211,72 +218,28 @@ def attention_decode(
     v = cupy.ascontiguousarray(v, dtype=np.float32)
     B, H, Dh = q.shape
     _, n_slots, Hkv, n_ctx, _ = cache_k.shape
-    if Dh > define("ATT_MAX_HEAD_DIM") or H % Hkv:
+    if Dh > define("ATT_MAX_HEAD_DIM") or H % Hkv or cache_k.dtype != np.float32:
         raise ValueError(f"no attention kernel for {H} heads of {Dh} over {Hkv} KV heads")
-    positions = np.asarray(positions, dtype=np.int64)
-    n_chunks = int(positions.max()) // define("ATT_CHUNK") + 1 if B else 0
     out = cupy.empty((B, H * Dh), dtype=np.float32)
     if not B:
         return out
-    slot_ids, pos = _device_ints(cupy, slots), _device_ints(cupy, positions)
-    dims = (np.int32(layer), np.int32(n_slots))
-    count = B * Hkv * Dh
-    _kernel("kv_write")(
-        *_elementwise(count),
-        (
-            cache_k,
-            cache_v,
-            k,
-            v,
-            slot_ids,
-            pos,
-            *dims,
-            np.int32(Hkv),
-            np.int32(n_ctx),
-            np.int32(Dh),
-            np.int32(B),
-        ),
+    positions = np.asarray(positions, dtype=np.int64)
+    n_chunks = int(positions.max()) // define("ATT_CHUNK") + 1
+    pos = _device_ints(cupy, positions)
+    cache = (
+        cache_k,
+        cache_v,
+        _device_ints(cupy, slots),
+        pos,
+        *_ints(layer, n_slots, Hkv, n_ctx, Dh),
     )
+    _kernel("kv_write")(*_elementwise(B * Hkv * Dh), (*cache, k, v, np.int32(B)))
     part_o = cupy.empty((B, H, n_chunks, Dh), dtype=np.float32)
     part_m = cupy.empty((B, H, n_chunks), dtype=np.float32)
     part_l = cupy.empty((B, H, n_chunks), dtype=np.float32)
     threads = (define("ATT_THREADS"),)
-    _kernel("attention_chunk")(
-        (n_chunks, H, B),
-        threads,
-        (
-            q,
-            cache_k,
-            cache_v,
-            slot_ids,
-            pos,
-            part_o,
-            part_m,
-            part_l,
-            *dims,
-            np.int32(H),
-            np.int32(Hkv),
-            np.int32(n_ctx),
-            np.int32(Dh),
-            np.int32(n_chunks),
-            np.float32(scale),
-            np.int32(window),
-            np.float32(softcap),
-        ),
-    )
-    _kernel("attention_combine")(
-        (H, B),
-        threads,
-        (
-            part_o,
-            part_m,
-            part_l,
-            pos,
-            out,
-            np.int32(H),
-            np.int32(Dh),
-            np.int32(n_chunks),
-            np.int32(window),
-        ),
-    )
+    row = (q, *_ints(H, n_chunks), np.float32(scale), np.int32(window), np.float32(softcap))
+    _kernel("attention_chunk")((n_chunks, H, B), threads, (*cache, *row, part_o, part_m, part_l))
+    combine = (part_o, part_m, part_l, pos, out, *_ints(H, Dh, n_chunks, window))
+    _kernel("attention_combine")((H, B), threads, combine)
     return out

@@ -27,10 +27,12 @@ __device__ __forceinline__ int first_visible(int p, int window) {
     return window > 0 ? max(0, p + 1 - window) : 0;
 }
 
-// k, v (B, Hkv, Dh) into the cache at (layer, slots[b], :, pos[b]); one thread per value.
-extern "C" __global__ void kv_write(float* kc, float* vc, const float* k, const float* v,
-                                    const int* slots, const int* pos, int layer, int n_slots,
-                                    int Hkv, int n_ctx, int Dh, int B) {
+// Both kernels start with the cache and where rows go in it: caches, slots, pos, layer and
+// the cache's shape. k, v (B, Hkv, Dh) into the cache at (layer, slots[b], :, pos[b]); one
+// thread per value.
+extern "C" __global__ void kv_write(float* kc, float* vc, const int* slots, const int* pos,
+                                    int layer, int n_slots, int Hkv, int n_ctx, int Dh,
+                                    const float* k, const float* v, int B) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= B * Hkv * Dh) return;
     int b = t / (Hkv * Dh), hk = (t / Dh) % Hkv, d = t % Dh;
@@ -42,11 +44,11 @@ extern "C" __global__ void kv_write(float* kc, float* vc, const float* k, const 
 // grid (n_chunks, H, B), ATT_THREADS threads. Writes, for chunk c of row b's head h:
 // part_m the chunk's largest score, part_l the sum of exp(score - m), part_o (Dh) the sum
 // of exp(score - m) * value; chunks holding no visible position write nothing.
-extern "C" __global__ void attention_chunk(const float* q, const float* kc, const float* vc,
-                                           const int* slots, const int* pos, float* part_o,
-                                           float* part_m, float* part_l, int layer, int n_slots,
-                                           int H, int Hkv, int n_ctx, int Dh, int n_chunks,
-                                           float scale, int window, float softcap) {
+extern "C" __global__ void attention_chunk(const float* kc, const float* vc, const int* slots,
+                                           const int* pos, int layer, int n_slots, int Hkv,
+                                           int n_ctx, int Dh, const float* q, int H, int n_chunks,
+                                           float scale, int window, float softcap, float* part_o,
+                                           float* part_m, float* part_l) {
     __shared__ float qs[ATT_MAX_HEAD_DIM];
     __shared__ float e[ATT_CHUNK];
     __shared__ float red[ATT_THREADS];
