@@ -143,8 +143,7 @@ class CudaBackend(XpBackend):
     def attention_decode(
         self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
     ):
-        H, Dh = q.shape[1:]
-        if Dh > cuda_kernels.define("ATT_MAX_HEAD_DIM"):
+        if q.shape[2] > cuda_kernels.define("ATT_MAX_HEAD_DIM"):  # past the kernel's shared q
             return super().attention_decode(
                 q, k, v, kv, layer, slots, positions, scale, window, softcap
             )
