@@ -33,6 +33,9 @@ def model_row(name: str, svc) -> dict:
     )
     if svc.context_window:  # omitted when unknown, never 0 (the contract)
         row["context_window"] = svc.context_window
+    graphs = svc.graphs()
+    if graphs:  # decode steps through CUDA-graph slots, once one was exercised
+        row["graphs"] = graphs
     attention = svc.attention
     if attention:  # a model on dies, once a pass has reached its layers
         row["attention"] = {k: attention[k] for k in ("ondie", "host", "total")}

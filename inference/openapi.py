@@ -15,6 +15,7 @@ from inference.serializers import MESSAGE_ROLES, ChatCompletionRequest
 from pantheon_platform.openapi import (
     ATTENTION,
     BOOL,
+    GRAPHS,
     INT,
     JSON,
     LOAD_PROGRESS,
@@ -194,6 +195,7 @@ _MODEL_ENTRY = obj(
             "description": "The effective window (usage.kv_cap); omitted when unknown.",
         },
         "tool_choice_required_with_thinking": BOOL,
+        "graphs": GRAPHS,
         "attention": ATTENTION,
     },
     ("id", "object", "created", "owned_by", "max_sessions", "max_concurrent"),

@@ -48,6 +48,9 @@ class Backend(ABC):
     # then prompt chunks of several sequences may share one pass (models._block.PackedPrefill).
     packs_prefill: bool = False
     prefill_direct_rows: int = 0
+    # A decode step can be captured into a CUDA graph and replayed (capture_step; the
+    # cuda backend: its kernels never read positions or slots on the host).
+    captures_graphs: bool = False
 
     # ---- weights ----
 
@@ -190,6 +193,13 @@ class Backend(ABC):
         runs the per-op path. `layers`: the model's LayerWeights; hp, spec: its HParams and
         ArchSpec."""
         return None
+
+    def capture_step(self, step: Callable, bucket: int, width: int | None, scratch_slot: int):
+        """`step(inputs, positions, slots)` (a stage's decode step for `bucket` rows)
+        captured into a graph; returns replay(inputs, positions, slots) for up to `bucket`
+        rows, the bits `step` gives. `width`: None for token ids in, else the hidden
+        width. Only where `captures_graphs` (kernels/cuda_graphs.py)."""
+        raise NotImplementedError(f"the {self.name} backend captures no graphs")
 
     def adopt(self, x: Array) -> Array:
         """x, computed by another instance of a backend (the previous stage of a model split

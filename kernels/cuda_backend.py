@@ -45,7 +45,9 @@ def _import_cupy(die: int):
 
 class CudaBackend(XpBackend):
     name = "cuda"
-    attention_path = "ondie"  # decode attention runs on the die, over the device KV cache
+    # A decode step reads positions, slots and token ids only on the device (the launchers
+    # take device arrays), so it can be captured into a CUDA graph (kernels/cuda_graphs.py).
+    captures_graphs = True
 
     def __init__(self, die: int = 0):
         cupy = _import_cupy(die)
@@ -91,7 +93,7 @@ class CudaBackend(XpBackend):
         return cuda_kernels.dequantize(rows, qtype, rows.shape[0], k)
 
     def embed(self, table: Weight, token_ids: np.ndarray):
-        ids = self.xp.asarray(np.asarray(token_ids, dtype=np.int64))
+        ids = self._ids(token_ids)
         if not table.is_blocks:
             return table.data[ids]
         qtype, k = table.meta["qtype"], table.shape[1]

@@ -104,6 +104,10 @@ def _elementwise(count: int) -> tuple[tuple[int], tuple[int]]:
 
 
 def _device_ints(cupy, values) -> object:
+    """Index values as the kernels' int32: host ones uploaded; device ones (a captured
+    graph's input buffers) converted there, never read back."""
+    if isinstance(values, cupy.ndarray):
+        return values.astype(cupy.int32)
     return cupy.asarray(np.asarray(values, dtype=np.int32))
 
 
@@ -209,8 +213,8 @@ def attention_decode(
 ):
     """Row b writes k[b], v[b] (Hkv, Dh) at positions[b] of slots[b] in the caches
     (n_layer, n_slots, Hkv, n_ctx, Dh), then attends q[b] (H, Dh) over that slot's
-    visible positions (kernels/cuda/attention.cu). slots, positions: host integers.
-    Returns (B, H * Dh)."""
+    visible positions (kernels/cuda/attention.cu). slots, positions: host integers, or
+    device arrays (a captured decode step: nothing is read back). Returns (B, H * Dh)."""
     import cupy
 
     q = cupy.ascontiguousarray(q, dtype=np.float32)
@@ -223,8 +227,13 @@ def attention_decode(
     out = cupy.empty((B, H * Dh), dtype=np.float32)
     if not B:
         return out
-    positions = np.asarray(positions, dtype=np.int64)
-    n_chunks = int(positions.max()) // define("ATT_CHUNK") + 1
+    if isinstance(positions, cupy.ndarray):
+        # A captured step's positions: unknown here, so chunks for the whole window (the
+        # chunks past a row's position return at once; attention_combine never reads them).
+        n_chunks = -(-n_ctx // define("ATT_CHUNK"))
+    else:
+        positions = np.asarray(positions, dtype=np.int64)
+        n_chunks = int(positions.max()) // define("ATT_CHUNK") + 1
     pos = _device_ints(cupy, positions)
     cache = (
         cache_k,

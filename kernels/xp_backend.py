@@ -44,8 +44,11 @@ class XpKVCache:
     (no lazily committed pages, so `release` frees nothing: the memory ladder counts it
     all from the start)."""
 
-    def __init__(self, xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, dtype=np.float32):
-        shape = (n_layer, n_slots, n_kv_head, n_ctx, head_dim)
+    def __init__(self, xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, dtype=np.float32, spare=0):
+        # `spare` slots beyond n_slots are no sequence's: a captured decode step's padding
+        # rows write there (scratch_slot), so they change nothing anyone reads.
+        shape = (n_layer, n_slots + spare, n_kv_head, n_ctx, head_dim)
+        self.scratch_slot = n_slots if spare else None
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.k = xp.zeros(shape, dtype=self.dtype)
@@ -146,8 +149,15 @@ class XpBackend(NumpyBackend):
 
     # ---- ops ----
 
+    def _ids(self, values):
+        """Index values (token ids, positions) as xp's array: host ones uploaded, xp's own
+        (a captured graph's input buffers) used as they are, never read back."""
+        if isinstance(values, self.xp.ndarray):
+            return values
+        return self.xp.asarray(np.asarray(values, dtype=np.int64))
+
     def embed(self, table: Weight, token_ids: np.ndarray):
-        ids = self.xp.asarray(np.asarray(token_ids, dtype=np.int64))
+        ids = self._ids(token_ids)
         if not table.is_blocks:
             return table.data[ids]
         return xp_quants.dequantize(self.xp, table.data[ids], table.meta["qtype"])
@@ -172,17 +182,25 @@ class XpBackend(NumpyBackend):
         return RopeTable(self.xp.asarray(cos), self.xp.asarray(sin))
 
     def rope(self, x, positions, table: RopeTable, neox: bool):
-        pos = self.xp.asarray(np.asarray(positions, dtype=np.int64))
+        pos = self._ids(positions)
         cos, sin = table.cos[pos], table.sin[pos]
         return apply_rope_neox(x, cos, sin) if neox else apply_rope_interleaved(x, cos, sin)
 
     # ---- the device KV cache (attention: the reference's, on these arrays) ----
 
     def make_kv_cache(self, n_layer, n_slots, n_kv_head, n_ctx, head_dim) -> XpKVCache:
-        return XpKVCache(self.xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype)
+        spare = 1 if self.captures_graphs else 0
+        return XpKVCache(self.xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype, spare)
 
     def to_host(self, x) -> np.ndarray:
         return to_numpy(self.xp, x)
+
+    def capture_step(self, step, bucket: int, width: int | None, scratch_slot: int):
+        """kernels/cuda_graphs.py: a CUDA graph on CuPy; on numpy the same buffers and
+        padding with no graph (a subclass that sets captures_graphs runs it in the suite)."""
+        from .cuda_graphs import capture_decode
+
+        return capture_decode(self.xp, step, bucket, width, scratch_slot)
 
     def adopt(self, x):
         """Hidden states from another die's stage: copied onto the current device (CuPy's

@@ -9,6 +9,7 @@ from pantheon_platform import live_settings
 from pantheon_platform.openapi import (
     ATTENTION,
     BOOL,
+    GRAPHS,
     INT,
     LOAD_PROGRESS,
     NON_NEGATIVE,
@@ -67,6 +68,16 @@ _INSTANCE = obj(
         },
         "context_window": {"type": "integer", "minimum": 1},
         "context_window_configured": {"type": "integer", "minimum": 1},
+        "graphs": obj(
+            {
+                **GRAPHS["properties"],
+                "gave_up": NON_NEGATIVE,
+                "captures": NON_NEGATIVE,
+                "capture_failures": NON_NEGATIVE,
+                "segment": {**GRAPHS, "description": "The per-die full-step graphs."},
+            },
+            GRAPHS["required"],
+        ),
         "attention": obj(
             {
                 **ATTENTION["properties"],

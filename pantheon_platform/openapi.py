@@ -126,6 +126,20 @@ ATTENTION = obj(
 )
 
 
+# CUDA-graph residency of a model's decode steps (omitted when it has no graph slots, or
+# none was exercised yet): failed > 0 costs speed, never correctness.
+GRAPHS = obj(
+    {
+        "live": NON_NEGATIVE,
+        "total": NON_NEGATIVE,
+        "failed": NON_NEGATIVE,
+        "ineligible": NON_NEGATIVE,
+        "pending": NON_NEGATIVE,
+    },
+    ("live", "total", "failed", "ineligible", "pending"),
+)
+
+
 def sse_event(description: str) -> dict:
     """The schema of a text/event-stream response: one event, as its fields (`event`,
     `data`, `id`, `retry`). Each event of a stream is checked against it (OpenAPI 3.2's

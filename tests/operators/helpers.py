@@ -38,6 +38,9 @@ class FakeService:
         self.dies: list[int] = []
         self.attention = None
 
+    def graphs(self, operator: bool = False):
+        return None
+
     def close(self) -> None:
         self.closed = True
 

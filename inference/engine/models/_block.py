@@ -341,14 +341,26 @@ class DecoderModel:
         (the backend's `linear` and `attention_decode` promise it per row; everything else
         is elementwise or reduces along a row)."""
         pos = np.asarray(positions, dtype=np.int64)
-        if len(pos) and (pos.max() >= kv.n_ctx or pos.max() >= len(self.rope_tables[0])):
-            raise ValueError(f"position {pos.max()} exceeds the KV window {kv.n_ctx}")
-        step = Decode(self.backend, kv, slots, pos)
+        self.check_positions(pos, kv)
+        return self.decode_rows(tokens, pos, slots, kv, keep_on_device)
+
+    def check_positions(self, positions: np.ndarray, kv) -> None:
+        """A decode step's positions fit the KV window and the RoPE table."""
+        top = positions.max() if len(positions) else 0
+        if top >= kv.n_ctx or top >= len(self.rope_tables[0]):
+            raise ValueError(f"position {top} exceeds the KV window {kv.n_ctx}")
+
+    def decode_rows(self, tokens, positions, slots, kv, keep_on_device: bool = False):
+        """forward_decode past its checks, its inputs passed on as given: host arrays, or
+        the backend's own arrays (a captured CUDA graph's input buffers: nothing here
+        reads them on the host, so the step can be captured; kernels/cuda_graphs.py).
+        A stage before the last takes and returns hidden states instead."""
+        step = Decode(self.backend, kv, slots, positions)
         x = self._embed(tokens)
         if self.decode_stack is None:
             x = self._layers(x, step)
         else:
-            x = self.decode_stack(x, slots, pos, kv)
+            x = self.decode_stack(x, slots, positions, kv)
         return self._logits(x, step, keep_on_device)
 
     # ---- the shared block ----
@@ -356,7 +368,9 @@ class DecoderModel:
     def _embed(self, tokens):
         if not self.embeds:  # a later stage: the previous stage's hidden states
             return self.backend.adopt(tokens)
-        x = self.backend.embed(self.tok_embd, np.asarray(tokens, dtype=np.int64))  # (n, D)
+        if isinstance(tokens, list | tuple | np.ndarray):
+            tokens = np.asarray(tokens, dtype=np.int64)  # else the backend's own ids array
+        x = self.backend.embed(self.tok_embd, tokens)  # (n, D)
         return x if self.embed_scale is None else x * self.embed_scale
 
     def _layers(self, x, step):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.dies import SplitKV
+from kernels.graphs import GraphSlots
 
 from ..loading.gguf_file import GGUFFile
 from ..loading.tensors import TensorSource
@@ -61,6 +62,10 @@ class PipelineModel:
         self.rope_tables = first.rope_tables
         self.users = 0  # services serving it (the last to close frees its dies' memory)
         self.reached = False  # a forward pass has gone through the layers (attention)
+        # CUDA graphs of each stage's decode step, per batch-size bucket, where every
+        # stage's backend can capture one (the cuda backend); None: direct kernels only.
+        can_capture = all(s.model.backend.captures_graphs for s in stages)
+        self.graphs = GraphSlots() if can_capture else None
         self.fallback_types = {}
         for stage in stages:
             self.fallback_types.update(stage.model.fallback_types)
@@ -128,9 +133,37 @@ class PipelineModel:
         kv,
         keep_on_device: bool = False,
     ) -> np.ndarray:
-        return self._through(
-            "forward_decode", tokens, kv, lambda part: (positions, slots, part, keep_on_device)
-        )
+        if self.graphs is None:
+            return self._through(
+                "forward_decode", tokens, kv, lambda part: (positions, slots, part, keep_on_device)
+            )
+        pos = np.asarray(positions, dtype=np.int64)
+        self.stages[0].model.check_positions(pos, kv)
+        x = tokens
+        for i, (stage, (_, part)) in enumerate(zip(self.stages, kv.parts, strict=True)):
+            x = stage.run(self._graphed_step, i, stage.model, x, pos, slots, part)
+        self.reached = True
+        return x if keep_on_device else self.stages[-1].model.backend.to_host(x)
+
+    def _graphed_step(self, i: int, model: DecoderModel, x, positions, slots, kv):
+        """Stage i's decode step through its CUDA-graph slot for this many rows (replayed,
+        captured, or direct: kernels/graphs.py), on its die's thread."""
+
+        def step(inputs, pos, rows_slots):
+            return model.decode_rows(inputs, pos, rows_slots, kv, keep_on_device=True)
+
+        def capture(bucket: int):
+            width = None if model.embeds else model.hp.d_model
+            return model.backend.capture_step(step, bucket, width, kv.scratch_slot)
+
+        if not model.embeds:
+            x = model.backend.adopt(x)
+        return self.graphs.run(i, len(positions), step, capture, x, positions, slots)
+
+    def graphs_report(self, operator: bool = False) -> dict | None:
+        """The contract's `graphs` object; None without graph slots (no stage can capture,
+        or no step exercised one yet)."""
+        return None if self.graphs is None else self.graphs.report(operator)
 
     def on_last_die(self, fn, *args):
         """fn(*args) on the last stage's die thread: where logits kept on the device are

@@ -379,6 +379,12 @@ class ModelService:
         with self._lock:
             return self.scheduler.kv_tokens
 
+    def graphs(self, operator: bool = False) -> dict | None:
+        """The contract's `graphs` object (operator: /admin/models' form) for a model whose
+        decode steps go through CUDA-graph slots; None without slots, or none exercised."""
+        report = getattr(self.model, "graphs_report", None)
+        return report(operator) if report else None
+
     @property
     def attention(self) -> dict | None:
         """The contract's operator `attention` object for a model on dies (None elsewhere,
@@ -718,6 +724,8 @@ class ModelService:
         placed, self.placed_on = self.placed_on, []  # once, however often close() is called
         if placed:
             self.model.users -= 1
+            if not self.model.users and self.model.graphs is not None:
+                self.model.graphs.drop()
             for die in placed:
                 die.drop(f"kv:{id(self)}")
                 if not self.model.users:
