@@ -11,8 +11,8 @@ import pytest
 
 import kernels
 from inference.openapi import _MODEL_ENTRY
-from operators.openapi import _INSTANCE
 from kernels import dies
+from operators.openapi import _INSTANCE
 from tests.operators.helpers import error_of
 from tests.operators.test_operator_routes import HI, UNLOAD, load
 
