@@ -27,8 +27,8 @@ def dies_visible() -> int:
 
 
 def array_module(x):
-    """numpy, or the module of x's device arrays (CuPy): for code above the seam that
-    must not import a backend."""
+    """numpy (for any numpy array, subclasses included), or CuPy for a CuPy array: for
+    code above the seam that must not import a backend (the device sampler)."""
     from .numpy_backend import array_module as of
 
     return of(x)

@@ -14,15 +14,11 @@ import numpy as np
 import pytest
 
 from inference.engine.decoding import state as state_module
-from inference.engine.decoding.device_sampling import (
-    array_module,
-    pack_mask,
-    sample_batch_on,
-    unpack_mask,
-)
+from inference.engine.decoding.device_sampling import pack_mask, sample_batch_on, unpack_mask
 from inference.engine.decoding.sampler import Sample, Sampler, sample_batch
 from inference.engine.decoding.state import DecodeState, choose_rows
 from inference.engine.types import SamplingParams
+from kernels import array_module
 
 
 class Strict(np.ndarray):

@@ -24,20 +24,10 @@ No Python loop runs over the vocabulary and nothing reads a device value back mi
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 
 from .sampler import Sample, Sampler, _allowed, _gather, _penalty_terms, forced_sample
-
-
-def array_module(x):
-    """numpy for a numpy array, else the module that made x (cupy for a CuPy array). The
-    rule of kernels.numpy_backend.array_module, restated because the engine reaches kernels
-    only through its seam (tests/test_layering.py); a CuPy array means cupy is loaded."""
-    if isinstance(x, np.ndarray):
-        return np
-    return sys.modules[type(x).__module__.partition(".")[0]]
 
 
 def to_host(xp, a) -> np.ndarray:

@@ -17,8 +17,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kernels import array_module
+
 from .constraints import Constraint, fill_masks
-from .device_sampling import array_module, forced_sample_on, sample_batch_on
+from .device_sampling import forced_sample_on, sample_batch_on
 from .sampler import Sample, Sampler, forced_sample, sample_batch
 
 
