@@ -37,12 +37,15 @@ export CPU_KERNELS_CHECK := import glob, importlib.util as u; \
 	s = u.spec_from_file_location('kernels._cpu', sorted(glob.glob('kernels/_cpu*.so'))[-1]); \
 	m = u.module_from_spec(s); s.loader.exec_module(m); print('kernels._cpu:', m.isa())
 
-# The GPU machine's one missing package for tests/gpu/run-on-device.sh: gguf's wheel, the
-# version installed here, into .whl/ (git-ignored; the device call carries it).
+# What the GPU machine lacks for tests/gpu/run-on-device.sh (the server's dependencies
+# its image does not hold: tests/gpu/wheels.py), as Python 3.12 wheels at the versions
+# installed here, into .whl/ (git-ignored; the device call carries it: ~25 MB).
+GPU_PLATFORMS := $(foreach n,17 24 27 28 31 34,--platform manylinux_2_$(n)_x86_64) \
+	--platform manylinux2014_x86_64
 gpu-wheels: $(STAMP)
+	rm -rf .whl
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-		--implementation cp --platform manylinux2014_x86_64 -d .whl \
-		"gguf==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+		--implementation cp $(GPU_PLATFORMS) -d .whl $$($(BIN)/python tests/gpu/wheels.py)
 
 cpu-kernels: $(CPU_KERNELS_STAMP)
 
