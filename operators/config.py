@@ -42,7 +42,7 @@ def _model_default(key: str):
 # Settings read once, at start-up or by each load's engine: (name, env, value, description).
 # Shown so an operator sees them; a PATCH of one is refused (400: it needs a restart).
 READ_ONLY = (
-    ("backend", "PANTHEON_BACKEND", _engine("backend"), "Compute backend: auto, cpu, numpy."),
+    ("backend", "PANTHEON_BACKEND", _engine("backend"), "Compute backend: auto, cpu, numpy, cuda."),
     ("threads", "PANTHEON_THREADS", lambda: settings.PANTHEON_THREADS, "Engine threads (0: auto)."),
     (
         "activations",

@@ -22,7 +22,10 @@ PANTHEON_THREADS       threads of the engine, one pool for every loaded model (0
                        compiled kernels every usable core, BLAS all but one;
                        kernels/threads.py)
 PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they were
-                       built, else numpy), cpu, or numpy (the float32 reference)
+                       built, else numpy), cpu, numpy (the float32 reference), or cuda
+                       (the GPU backend on die 0; not yet run on a GPU)
+PN_DIE_RESERVE_BYTES   bytes of each GPU die kept out of its budget (512 MiB;
+                       kernels/dies.py reads it)
 PANTHEON_ACTIVATIONS   float32 (exact products, the default) or bfloat16 (decode products
                        from bfloat16 x and weights: ~1.5x at 8 streams on AVX-512 BF16
                        CPUs, float32 elsewhere; kernels/cpu_backend.py)
@@ -329,8 +332,8 @@ PANTHEON_ENGINE_OPTIONS = {
     "key_max_sessions": env_int("PANTHEON_KEY_MAX_SESSIONS", 0),
     "key_max_watches": env_int("PANTHEON_KEY_MAX_WATCHES", 0),
 }
-if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy"):
-    raise EnvError("PANTHEON_BACKEND must be auto, cpu or numpy")
+if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy", "cuda"):
+    raise EnvError("PANTHEON_BACKEND must be auto, cpu, numpy or cuda")
 # The compiled decode products (kernels.cpu_backend.configure_activations, at start).
 PANTHEON_ACTIVATIONS = os.environ.get("PANTHEON_ACTIVATIONS", "") or "float32"
 if PANTHEON_ACTIVATIONS not in ("float32", "bfloat16"):

@@ -130,3 +130,17 @@ def test_admission_on_a_die_is_507_when_its_budget_is_full(api, rt, model_dir):
         assert "die 0" in message and "budget" in message
         assert rt.states() == {}
         assert all(d["vram_used"] == 0 for d in api.get("/admin/dies").json()["data"])
+
+
+def test_the_cuda_backend_puts_a_model_on_die_0(api, rt, model_dir, two_dies, settings):
+    settings.PANTHEON_ENGINE_OPTIONS = {**settings.PANTHEON_ENGINE_OPTIONS, "backend": "cuda"}
+    assert load(api).json()["dies"] == [0]
+    assert [d["n_models"] for d in api.get("/admin/dies").json()["data"]] == [1, 0]
+
+
+def test_the_cuda_backend_without_a_die_fails_the_load_clearly(api, rt, model_dir, settings):
+    if kernels.dies_visible():
+        pytest.skip("this host has accelerator dies")
+    settings.PANTHEON_ENGINE_OPTIONS = {**settings.PANTHEON_ENGINE_OPTIONS, "backend": "cuda"}
+    message = error_of(load(api), 500, "load_failed")
+    assert "die 0 is not visible" in message and "sees 0" in message
