@@ -98,7 +98,10 @@ def test_glu_is_its_twin(cp, activation):
     gate_up = (np.random.default_rng(5).standard_normal((4, 192)) * 4).astype(np.float32)
     gate_up[0, :3] = [-100.0, -88.5, 90.0]
     ours = cp.asnumpy(cuda_kernels.glu(cp.asarray(gate_up), 96, activation))
-    np.testing.assert_allclose(ours, cuda_twins.glu(gate_up, 96, activation), rtol=4e-6, atol=1e-6)
+    # atol 1e-5: where 1 + tanh cancels (gate near -6), a libm's tanhf one ulp off moves
+    # the product by ~1e-6 (glibc's against numpy's, seen in the emulated test).
+    twin = cuda_twins.glu(gate_up, 96, activation)
+    np.testing.assert_allclose(ours, twin, rtol=4e-6, atol=1e-5)
 
 
 def test_softcap_is_its_twin(cp):

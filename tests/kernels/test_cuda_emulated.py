@@ -12,6 +12,7 @@ modelled (tests/kernels/cuda_emu/emu.h)."""
 
 from __future__ import annotations
 
+import platform
 import sys
 
 import numpy as np
@@ -20,7 +21,7 @@ from gguf import GGMLQuantizationType as Q
 
 from inference.engine.loading.gguf_file import GGUFFile
 from inference.engine.models import architecture_module
-from kernels import cuda_kernels, cuda_twins, numpy_backend
+from kernels import cuda_kernels, cuda_twins, dies, numpy_backend
 from kernels.xp_backend import XpBackend
 from tests.engine.test_batch_invariance import TINY, check_batch_invariance
 from tests.kernels import cuda_emu
@@ -35,6 +36,9 @@ def cp():
     """The fake cupy installed: the launchers compile and run the kernels on the emulator."""
     if cuda_emu.CXX is None:
         pytest.skip("g++ is not on PATH (the CUDA emulator compiles the kernels with it)")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the emulator switches its fibers with x86-64 code")
+    dies.manager()  # probed now, before the fake cupy exists: it never becomes a die
     fake = cuda_emu.fake_cupy()
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "cupy", fake)
