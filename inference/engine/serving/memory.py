@@ -43,11 +43,13 @@ def host_memory() -> tuple[int, int]:
 
 
 def device_memory() -> tuple[int, int]:
-    """(free, total) bytes of the current CUDA device."""
+    """(free, total) bytes of the current CUDA device. CuPy's memory pool keeps the blocks
+    our arrays freed (an unloaded model's weights) for the next allocation: the driver
+    counts them as used, but they are free to us, so they count as free here."""
     import cupy  # only called when a model runs on the accelerator
 
     free, total = cupy.cuda.runtime.memGetInfo()
-    return int(free), int(total)
+    return int(free) + int(cupy.get_default_memory_pool().free_bytes()), int(total)
 
 
 class MemoryLadder:
