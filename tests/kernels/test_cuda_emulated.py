@@ -4,16 +4,19 @@ and warp shuffles, a fake `cupy` behind kernels.cuda_kernels' unchanged launcher
 a GPU run will check (tests/gpu/test_cuda_kernels.py), checked here on the kernels' own
 thread logic: each kernel through its launcher against its numpy twin (bitwise where the
 twin repeats the kernel's float32 operations: -ffp-contract=off here, --fmad=false
-there), rows bitwise as alone for B = 1..8, and CudaBackend on the tiny models against
-XpBackend on numpy. Plus the emulator's own checks: a kernel breaking CUDA's rules fails.
+there), rows bitwise as alone for B = 1..8, CudaBackend on the tiny models against
+XpBackend on numpy, and the shipped SmolLM2 and gemma3 through the kernels giving their
+float32 reference's first greedy tokens. Plus the emulator's own checks: a kernel breaking CUDA's rules fails.
 
 An emulator, not a GPU: expf / tanhf are glibc's, the memory model and timing are not
 modelled (tests/kernels/cuda_emu/emu.h)."""
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +26,7 @@ from inference.engine.loading.gguf_file import GGUFFile
 from inference.engine.models import architecture_module
 from kernels import cuda_kernels, cuda_twins, dies, numpy_backend
 from kernels.xp_backend import XpBackend
+from tests.engine.test_architectures import as_list
 from tests.engine.test_batch_invariance import TINY, check_batch_invariance
 from tests.kernels import cuda_emu
 from tests.tiny_gguf import random_blocks
@@ -255,6 +259,48 @@ def test_each_decode_row_of_the_cuda_backend_is_bitwise_as_alone(cp, cuda_backen
     model = load("tiny-qwen3.gguf", cuda_backend)
     assert isinstance(model.make_kv_cache(1, 4).k, cp.ndarray)
     check_batch_invariance(model, 256, [3, 5, 9, 2, 12, 7, 4, 6])
+
+
+# ---- the shipped models through the CUDA C ----
+
+
+def first_steps_match_the_reference(model, f32: dict, steps: int) -> None:
+    """The prompt prefilled (dequantise kernels + matmul), then `steps` greedy tokens
+    through the decode kernels: the reference's tokens, top-5 logits within 1e-2 (the
+    README's tolerance; seen here within 3e-5)."""
+    case = f32["greedy"][0]
+    prompt, expected = as_list(case["prompt_ids"]), as_list(case["greedy_ids"])
+    kv = model.make_kv_cache(1, len(prompt) + steps + 1)
+    logits = model.forward(np.asarray(prompt), 0, kv, 0)
+    for step in range(steps):
+        ref = as_list(case["steps"])[step]
+        np.testing.assert_allclose(logits[ref["top_ids"]], ref["top_logits"], atol=1e-2)
+        token = int(np.argmax(logits))
+        assert token == expected[step], step
+        logits = model.forward_decode([token], [len(prompt) + step], [0], kv)[0]
+
+
+def reference(name: str) -> dict:
+    """The float32 PyTorch reference the engine tests use (tests/reference)."""
+    return json.loads((Path(__file__).parents[1] / "reference" / name / "f32.json").read_text())
+
+
+def test_smollm2_on_the_emulated_cuda_kernels_gives_the_reference_tokens(
+    cp, cuda_backend, smollm2_path
+):
+    # Q4_1 matrices and the Q8_0 tied head; ~5 s a decode step here.
+    gf = GGUFFile(smollm2_path)
+    model = architecture_module(gf.architecture).load(gf, backend=cuda_backend)
+    first_steps_match_the_reference(model, reference("smollm2-135m-instruct"), steps=3)
+
+
+def test_gemma3_on_the_emulated_cuda_kernels_gives_the_reference_tokens(
+    cp, cuda_backend, gemma3_path
+):
+    # Q4_K / Q6_K / Q8_0 matrices, sliding-window layers, the 262144-row head: ~9 s a step.
+    gf = GGUFFile(gemma3_path)
+    model = architecture_module(gf.architecture).load(gf, backend=cuda_backend)
+    first_steps_match_the_reference(model, reference("gemma-3-270m"), steps=1)
 
 
 # ---- the emulator finds what it is for ----
