@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import kernels
+from kernels.graphs import SUMMARY_KEYS
 from pantheon_platform import live_settings, shutdown
 from pantheon_platform.errors import ApiError
 from pantheon_platform.runtime import FAILED, LOADING, UNLOADING, build_id, get_runtime
@@ -33,9 +34,9 @@ def model_row(name: str, svc) -> dict:
     )
     if svc.context_window:  # omitted when unknown, never 0 (the contract)
         row["context_window"] = svc.context_window
-    graphs = svc.graphs()
+    graphs = svc.graphs
     if graphs:  # decode steps through CUDA-graph slots, once one was exercised
-        row["graphs"] = graphs
+        row["graphs"] = {k: graphs[k] for k in SUMMARY_KEYS}
     attention = svc.attention
     if attention:  # a model on dies, once a pass has reached its layers
         row["attention"] = {k: attention[k] for k in ("ondie", "host", "total")}

@@ -51,7 +51,7 @@ def model_row(info: InstanceInfo) -> dict:
     if svc.context_window:  # omitted when unknown, never 0 (the contract)
         row["context_window"] = svc.context_window
         row["context_window_configured"] = info.context_window_configured
-    graphs = svc.graphs(operator=True)
+    graphs = svc.graphs
     if graphs:  # decode steps through CUDA-graph slots, once one was exercised
         row["graphs"] = graphs
     attention = svc.attention

@@ -37,9 +37,7 @@ class FakeService:
         self.context_window = 256
         self.dies: list[int] = []
         self.attention = None
-
-    def graphs(self, operator: bool = False):
-        return None
+        self.graphs = None
 
     def close(self) -> None:
         self.closed = True

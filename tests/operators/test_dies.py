@@ -144,3 +144,24 @@ def test_the_cuda_backend_without_a_die_fails_the_load_clearly(api, rt, model_di
     settings.PANTHEON_ENGINE_OPTIONS = {**settings.PANTHEON_ENGINE_OPTIONS, "backend": "cuda"}
     message = error_of(load(api), 500, "load_failed")
     assert "die 0 is not visible" in message and "sees 0" in message
+
+
+def test_graph_slots_are_reported_once_exercised(api, rt, model_dir, two_dies, monkeypatch):
+    """Decode steps through graph slots (the replay path of kernels/cuda_graphs.py with
+    xp = numpy: tests/engine/test_graphed_decode.py): both rows carry `graphs`."""
+    from inference.engine.serving import service
+    from tests.engine.test_graphed_decode import GraphedXp
+
+    monkeypatch.setattr(service, "die_backend", lambda die: GraphedXp(die.xp))
+    load(api, name="graphed", dies=[0, 1])
+    assert "graphs" not in api.get("/v1/models").json()["data"][0]  # nothing exercised yet
+    body = {"model": "graphed", "messages": HI, "max_tokens": 4, "temperature": 0}
+    assert api.post("/v1/chat/completions", body).status_code == 200
+    (served,) = api.get("/v1/models").json()["data"]
+    # One bucket (one row a step) per stage: the first step direct, then captured.
+    assert served["graphs"] == {"live": 2, "total": 2, "failed": 0, "ineligible": 0, "pending": 0}
+    (operator,) = api.get("/admin/models").json()["data"]
+    assert operator["graphs"]["captures"] == 2 and operator["graphs"]["capture_failures"] == 0
+    assert operator["graphs"]["segment"] == served["graphs"]
+    jsonschema.validate(operator, _INSTANCE)
+    jsonschema.validate(served, _MODEL_ENTRY)

@@ -60,7 +60,7 @@ class PipelineModel:
         self.hp, self.spec = first.hp, first.spec
         self.backend = first.backend  # what the service reports (name, on_accelerator)
         self.rope_tables = first.rope_tables
-        self.users = 0  # services serving it (the last to close frees its dies' memory)
+        self._kv_holders: set[int] = set()  # the KV caches of the services serving it
         self.reached = False  # a forward pass has gone through the layers (attention)
         # CUDA graphs of each stage's decode step, per batch-size bucket, where every
         # stage's backend can capture one (the cuda backend); None: direct kernels only.
@@ -77,6 +77,27 @@ class PipelineModel:
     @property
     def weight_bytes(self) -> int:
         return sum(s.model.weight_bytes for s in self.stages)
+
+    def hold(self, name: str, kv: SplitKV) -> None:
+        """Record on each die what serving `kv` holds there: this model's weights (once,
+        whoever serves it) and that KV cache (/admin/dies' vram_used, die admission)."""
+        for stage, (die, part) in zip(self.stages, kv.parts, strict=True):
+            die.hold(f"weights:{id(self)}", name, stage.model.weight_bytes)
+            die.hold(f"kv:{id(kv)}", name, part.nbytes)
+        self._kv_holders.add(id(kv))
+
+    def release(self, kv: SplitKV) -> None:
+        """Forget `kv` on its dies; with the last KV cache served, the weights and the
+        captured graphs too (the model is unloading)."""
+        if id(kv) not in self._kv_holders:
+            return
+        self._kv_holders.discard(id(kv))
+        for die in self.dies:
+            die.drop(f"kv:{id(kv)}")
+            if not self._kv_holders:
+                die.drop(f"weights:{id(self)}")
+        if not self._kv_holders and self.graphs is not None:
+            self.graphs.drop()
 
     def make_kv_cache(self, n_slots: int, n_ctx: int) -> SplitKV:
         return SplitKV([(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx)) for s in self.stages])

@@ -221,11 +221,11 @@ class ModelService:
         self.kv = model.make_kv_cache(
             self.max_concurrent_configured, self.context_window_configured
         )
-        # The dies the layers live on (kernels.dies) and what this instance holds there:
-        # the weights once per model, each instance's own KV.
+        # The dies the layers live on (kernels.dies), and what serving holds there.
         self.placed_on = list(getattr(model, "dies", ()))
         self.dies = [d.ordinal for d in self.placed_on]
-        self._hold_die_memory()
+        if self.placed_on:
+            model.hold(self.name, self.kv)
         # What free slots still hold (engine thread only): the prefix cache, and a
         # session's parked conversation in the slot it parked from (at most a quarter of
         # the slots: a 1.9k-token SmolLM2 prefix is 87 MB to copy back otherwise).
@@ -379,11 +379,12 @@ class ModelService:
         with self._lock:
             return self.scheduler.kv_tokens
 
-    def graphs(self, operator: bool = False) -> dict | None:
-        """The contract's `graphs` object (operator: /admin/models' form) for a model whose
-        decode steps go through CUDA-graph slots; None without slots, or none exercised."""
+    @property
+    def graphs(self) -> dict | None:
+        """The contract's operator `graphs` object for a model whose decode steps go through
+        CUDA-graph slots (None without slots, or until one was exercised)."""
         report = getattr(self.model, "graphs_report", None)
-        return report(operator) if report else None
+        return report(operator=True) if report else None
 
     @property
     def attention(self) -> dict | None:
@@ -721,26 +722,8 @@ class ModelService:
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout=30)
-        placed, self.placed_on = self.placed_on, []  # once, however often close() is called
-        if placed:
-            self.model.users -= 1
-            if not self.model.users and self.model.graphs is not None:
-                self.model.graphs.drop()
-            for die in placed:
-                die.drop(f"kv:{id(self)}")
-                if not self.model.users:
-                    die.drop(f"weights:{id(self.model)}")
-
-    def _hold_die_memory(self) -> None:
-        """Record on each die the bytes this instance's stage holds there: the model's
-        weights (one owner per model, shared by its siblings, dropped with the last) and
-        this instance's KV."""
-        stages = getattr(self.model, "stages", ())
-        for stage, (die, kv) in zip(stages, getattr(self.kv, "parts", ()), strict=True):
-            die.hold(f"weights:{id(self.model)}", self.name, stage.model.weight_bytes)
-            die.hold(f"kv:{id(self)}", self.name, kv.nbytes)
-        if stages:
-            self.model.users += 1
+        if self.placed_on:
+            self.model.release(self.kv)  # once: a second close() finds nothing held
 
     def _die_memory(self) -> tuple[int, int]:
         """(free, total) of the fullest die this model is on, as the ladder reads it."""
