@@ -35,8 +35,8 @@ def array_module(x):
 
 
 def backend_name() -> str:
-    """ "cuda" where CUDA dies were probed, else "cpu" (dies a test installed are host
-    memory: this process still computes on the CPU)."""
+    """The backend token: cuda where CUDA dies were probed, else cpu (dies a test
+    installed are host memory: this process still computes on the CPU)."""
     from . import dies
 
     return "cuda" if dies.manager().kind == "cuda" else "cpu"

@@ -245,7 +245,7 @@ class DieManager:
 
     @property
     def kind(self) -> str:
-        """ "cuda", "host" (the suite's), or "none"."""
+        """The dies' kind: cuda, host (the suite's), or none."""
         return self.dies[0].kind if self.dies else "none"
 
     def get(self, ordinals) -> list[Die]:
