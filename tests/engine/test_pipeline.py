@@ -73,13 +73,13 @@ def test_each_stage_runs_on_its_dies_thread():
     model = split(TINY / "tiny-qwen3.gguf", 2)
     seen = []
     for stage in model.stages:
-        original = stage.model.forward_decode
+        original = stage.model.decode_rows
 
-        def spy(*args, original=original):
+        def spy(*args, original=original, **kwargs):
             seen.append(threading.current_thread().name)
-            return original(*args)
+            return original(*args, **kwargs)
 
-        stage.model.forward_decode = spy
+        stage.model.decode_rows = spy
     kv = model.make_kv_cache(1, 8)
     model.forward_decode([3], [0], [0], kv)
     assert seen == ["die-host:0", "die-host:1"]

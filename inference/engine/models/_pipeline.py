@@ -154,31 +154,33 @@ class PipelineModel:
         kv,
         keep_on_device: bool = False,
     ) -> np.ndarray:
-        if self.graphs is None:
-            return self._through(
-                "forward_decode", tokens, kv, lambda part: (positions, slots, part, keep_on_device)
-            )
         pos = np.asarray(positions, dtype=np.int64)
         self.stages[0].model.check_positions(pos, kv)
         x = tokens
         for i, (stage, (_, part)) in enumerate(zip(self.stages, kv.parts, strict=True)):
-            x = stage.run(self._graphed_step, i, stage.model, x, pos, slots, part)
+            x = stage.run(self._decode_stage, i, stage.model, x, pos, slots, part)
         self.reached = True
-        return x if keep_on_device else self.stages[-1].model.backend.to_host(x)
+        if keep_on_device:
+            return x
+        return self.stages[-1].run(self.stages[-1].model.backend.to_host, x)
 
-    def _graphed_step(self, i: int, model: DecoderModel, x, positions, slots, kv):
-        """Stage i's decode step through its CUDA-graph slot for this many rows (replayed,
-        captured, or direct: kernels/graphs.py), on its die's thread."""
+    def _decode_stage(self, i: int, model: DecoderModel, x, positions, slots, kv):
+        """Stage i's decode rows, on its die's thread: through its CUDA-graph slot for this
+        many rows where the stages capture graphs (replayed, captured, or direct:
+        kernels/graphs.py), else direct."""
 
         def step(inputs, pos, rows_slots):
             return model.decode_rows(inputs, pos, rows_slots, kv, keep_on_device=True)
+
+        if not model.embeds:  # the previous stage's hidden states, onto this die
+            x = model.backend.adopt(x)
+        if self.graphs is None:
+            return step(x, positions, slots)
 
         def capture(bucket: int):
             width = None if model.embeds else model.hp.d_model
             return model.backend.capture_step(step, bucket, width, kv.scratch_slot)
 
-        if not model.embeds:
-            x = model.backend.adopt(x)
         return self.graphs.run(i, len(positions), step, capture, x, positions, slots)
 
     def graphs_report(self, operator: bool = False) -> dict | None:
