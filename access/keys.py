@@ -76,8 +76,22 @@ def match_env(presented: list[str]) -> Principal | None:
     return matched
 
 
+# The key table is read and written from several request threads at once (each request
+# of a fresh key notes last_used_at). SQLite in shared-cache mode (the tests' in-memory
+# database) answers a read that meets another connection's uncommitted write with "table
+# is locked" at once, and the guard then fails closed (503) on a key it should admit; one
+# process lock over this module's queries keeps them from meeting. Lookups are cached
+# and cheap, so the lock costs nothing noticeable.
+_db_lock = threading.Lock()
+
+
 def lookup_console(presented: list[str]) -> Principal | None:
     """The active console key among `presented` (database access: call from a thread)."""
+    with _db_lock:
+        return _lookup_console(presented)
+
+
+def _lookup_console(presented: list[str]) -> Principal | None:
     from django.utils import timezone
 
     from access.models import ApiKey
@@ -101,9 +115,9 @@ def lookup_console(presented: list[str]) -> Principal | None:
 
 
 def _note_last_used(pk, now) -> None:
-    """Best effort: bookkeeping never refuses a request its key admits. Two requests on a
-    fresh key both write here at once, and SQLite can answer the second with "table is
-    locked" rather than waiting; the next request past LAST_USED_EVERY writes it again."""
+    """Best effort: bookkeeping never refuses a request its key admits (another process
+    may hold the table; the next request past LAST_USED_EVERY writes it again). The
+    caller holds _db_lock."""
     from django.db import DatabaseError, transaction
 
     from access.models import ApiKey
@@ -135,7 +149,8 @@ def console_keys_exist() -> bool:
         return cached
     from access.models import ApiKey
 
-    value = ApiKey.objects.filter(revoked=False).exists()
+    with _db_lock:
+        value = ApiKey.objects.filter(revoked=False).exists()
     with _cache_lock:
         _cache.update(value=value, until=time.monotonic() + CACHE_TTL_S)
     return value
