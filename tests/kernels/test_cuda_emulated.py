@@ -26,10 +26,11 @@ from inference.engine.loading.gguf_file import GGUFFile
 from inference.engine.models import architecture_module
 from kernels import cuda_kernels, cuda_twins, dies, numpy_backend
 from kernels.xp_backend import XpBackend
+from tests import cuda_checks
+from tests.cuda_checks import same_bits, width
 from tests.engine.test_architectures import as_list
 from tests.engine.test_batch_invariance import TINY
 from tests.kernels import cuda_emu
-from tests.tiny_gguf import random_blocks
 
 TYPES = list(cuda_kernels.QTYPES)
 CHUNK = cuda_kernels.define("ATT_CHUNK")
@@ -50,21 +51,8 @@ def cp():
         yield fake
 
 
-def same_bits(a, b) -> bool:
-    a, b = np.ascontiguousarray(a, np.float32), np.ascontiguousarray(b, np.float32)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
 def blocks_of(qtype: Q, rows: int, k: int) -> np.ndarray:
-    if qtype == Q.F32:  # random bytes are not all finite floats
-        values = np.random.default_rng(rows + k).standard_normal((rows, k)).astype(np.float32)
-        return values.view(np.uint8).reshape(rows, -1)
-    return random_blocks(f"emu-kernel-{qtype.name}", (rows, k), qtype)
-
-
-def width(qtype: Q) -> int:
-    """Two whole warps of 256 and, for the 32-value types, a tail of idle lanes."""
-    return 512 if qtype in cuda_kernels.K_QUANTS else 544
+    return cuda_checks.blocks_of("emu-kernel", qtype, rows, k)
 
 
 # ---- matrices ----
