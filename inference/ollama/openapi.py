@@ -20,6 +20,7 @@ from inference.ollama.parse import (
 )
 from inference.ollama.render import NDJSON
 from inference.ollama.views import MANAGED, managed_method
+from pantheon_platform.durations import DURATION_MAX_CHARS
 from pantheon_platform.openapi import (
     BOOL,
     FINITE,
@@ -44,7 +45,7 @@ def schemas() -> dict:
     model = {"type": "string", "minLength": 1, "maxLength": IDENTIFIER_MAX}
     keep_alive = _nullable(
         {
-            "anyOf": [FINITE, {"type": "string", "pattern": DURATION_PATTERN}],
+            "anyOf": [FINITE, {"type": "string", "maxLength": DURATION_MAX_CHARS, "pattern": DURATION_PATTERN}],
             "description": 'Seconds or a duration ("5m", "-1"): accepted; models stay '
             "loaded as the operator loaded them.",
         }

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -28,6 +27,7 @@ from inference.engine.types import (
     MAX_TOKENS_CLAMP,
     SamplingParams,
 )
+from pantheon_platform.durations import DURATION_MAX_CHARS, parse_duration
 from pantheon_platform.errors import invalid_request
 from pantheon_platform.strict_json import (
     IDENTIFIER_MAX,
@@ -41,11 +41,12 @@ from pantheon_platform.strict_json import (
 
 THINK_LEVELS = ("high", "medium", "low")  # Ollama's levels: any of them turns thinking on
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
-# Ollama's duration strings (Go's time.ParseDuration): "5m", "1h30m", "-1s", "0.5h".
+# Ollama's duration strings (Go's time.ParseDuration): "5m", "1h30m", "-1s", "0.5h". The
+# pattern is for the OpenAPI document only: requests are read by parse_duration, a linear
+# scan (a backtracking regex on a client's string froze the process: durations.py).
 DURATION_PATTERN = (
     r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))*\s*$"
 )
-_DURATION = re.compile(DURATION_PATTERN)
 LATEST = ":latest"
 
 
@@ -157,26 +158,15 @@ def ollama_name(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else name + LATEST
 
 
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)?")
-
-
 def keep_alive_seconds(value: object) -> float | None:
     """A validated keep_alive in seconds: a number is seconds, a string a Go duration
     (a bare number in a string is seconds too, as Ollama reads "-1"); negative: forever
     (math.inf). None when absent."""
     if value is None:
         return None
-    if isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        total = sum(
-            float(number) * _DURATION_UNITS[unit or "s"]
-            for number, unit in _DURATION_PART.findall(text.lstrip("+-"))
-        )
-        seconds = sign * total
-    else:
-        seconds = float(value)
+    seconds = parse_duration(value) if isinstance(value, str) else float(value)
+    if seconds is None:
+        raise ValueError(f"not a duration: {value[:DURATION_MAX_CHARS]!r}")
     return math.inf if seconds < 0 else seconds
 
 
@@ -188,7 +178,11 @@ def keep_alive(data: dict) -> object:
     if value is None:
         return None
     if isinstance(value, str):
-        if not _DURATION.match(value):
+        if len(value) > DURATION_MAX_CHARS:
+            raise invalid_request(
+                f"keep_alive: at most {DURATION_MAX_CHARS} characters", "keep_alive"
+            )
+        if parse_duration(value) is None:
             raise invalid_request(
                 f'keep_alive: {json.dumps(value)} is not a duration (e.g. "5m", "1h", '
                 '"-1", or a number of seconds)',

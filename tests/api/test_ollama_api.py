@@ -537,3 +537,16 @@ def test_the_model_routes_have_the_inference_scope(path):
 
     assert routes.scope_for(path) == routes.INFERENCE
     assert routes.body_limit(path) == routes.MANAGEMENT_BODY_BYTES
+
+
+async def test_a_pathological_keep_alive_is_refused_without_backtracking(served, post):
+    # Was a backtracking regex under the GIL: this string froze the whole process for 46 s.
+    from pantheon_platform.durations import DURATION_MAX_CHARS, parse_duration
+
+    hostile = "1" * 32000 + "!"
+    assert parse_duration(hostile) is None and parse_duration("1" * 10**6) is None
+    assert parse_duration("1" * DURATION_MAX_CHARS) == float("1" * DURATION_MAX_CHARS)
+    error = error_of(await post("/api/chat", chat_body(keep_alive=hostile)), 400)
+    assert "at most" in str(error) and hostile not in str(error)
+    for near_miss in ("1" * 40 + "!", "5m30", "1h.", ".", "1..5s"):
+        error_of(await post("/api/chat", chat_body(keep_alive=near_miss)), 400)
