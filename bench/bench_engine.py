@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference.engine.serving.service import ModelService  # noqa: E402
-from inference.engine.types import GenerationRequest, ModelConfig, SamplingParams  # noqa: E402
+from engine.serving.service import ModelService  # noqa: E402
+from engine.types import GenerationRequest, ModelConfig, SamplingParams  # noqa: E402
 
 PEER = {"prefill_tok_s": 190.0, "decode_tok_s": 80.0}
 

@@ -5,8 +5,8 @@
 The shipped SmolLM2 does not travel to the GPU machine (the device tool carries 64 MiB),
 so this writes a file of SmolLM2's shape there (30 layers, d 576, 9 / 3 heads, ffn 1536,
 49152 tokens, random Q4_1 blocks: the same bytes per token) and loads it on die 0 as the
-server does (`dies: [0]`: models/_pipeline.py on kernels.dies), with `--backend cuda` the
-CUDA kernels (kernels/cuda_backend.py), with `--backend xp` the array code alone
+server does (`dies: [0]`: models/_pipeline.py on kernels.devices.dies), with `--backend cuda` the
+CUDA kernels (kernels/cuda/backend.py), with `--backend xp` the array code alone
 (XpBackend on CuPy: the before-kernels baseline):
 
 - decode tok/s at 1, 8, 32 and 64 streams (one token per stream per step, logits kept on
@@ -116,7 +116,7 @@ def launch_floor(model, xp) -> dict:
     of our kernels a one-stream decode step launches (counted through the launchers)."""
     if xp is np:
         return {}
-    from kernels import cuda_kernels
+    from kernels.cuda import kernels as cuda_kernels
 
     one = xp.zeros(1, dtype=xp.float32)
     one += 1  # compiled
@@ -156,11 +156,12 @@ def launch_floor(model, xp) -> dict:
 
 def load(path: Path, backend: str, xp):
     """The file on die 0 as a `dies: [0]` load puts it (one stage on the die's thread)."""
-    from inference.engine.loading.gguf_file import GGUFFile
-    from inference.engine.models import architecture_module
-    from inference.engine.models._pipeline import load_pipeline
-    from kernels import die_backend, dies
-    from kernels.xp_backend import XpBackend
+    from engine.loading.gguf_file import GGUFFile
+    from engine.models import architecture_module
+    from engine.models._pipeline import load_pipeline
+    from kernels import die_backend
+    from kernels.devices import dies
+    from kernels.xp.backend import XpBackend
 
     gf = GGUFFile(path)
     spec = architecture_module(gf.architecture).SPEC

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference.engine.serving.service import ModelService  # noqa: E402
-from inference.engine.types import ModelConfig  # noqa: E402
+from engine.serving.service import ModelService  # noqa: E402
+from engine.types import ModelConfig  # noqa: E402
 
 
 def models() -> dict[str, Path]:

@@ -36,8 +36,8 @@ from django.conf import settings  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 from bench.bench_engine import default_model_path  # noqa: E402
-from inference.engine.serving.service import ModelService  # noqa: E402
-from inference.engine.types import ModelConfig  # noqa: E402
+from engine.serving.service import ModelService  # noqa: E402
+from engine.types import ModelConfig  # noqa: E402
 from pantheon_platform.runtime import get_runtime  # noqa: E402
 from pantheon_site import stack  # noqa: E402
 from tests.support import asgi_scope  # noqa: E402

@@ -28,10 +28,10 @@ import json, sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 try:
-    from inference.engine.loading.gguf_file import GGUFFile
+    from engine.loading.gguf_file import GGUFFile
 except ImportError:  # before the engine's sub-packages
-    from inference.engine.gguf_file import GGUFFile
-from inference.engine.models import architecture_module
+    from engine.gguf_file import GGUFFile
+from engine.models import architecture_module
 
 path, steps = sys.argv[2], int(sys.argv[3])
 gf = GGUFFile(path)

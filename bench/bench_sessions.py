@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_engine import default_model_path  # noqa: E402
-from inference.engine.serving.service import ModelService  # noqa: E402
-from inference.engine.types import (  # noqa: E402
+from engine.serving.service import ModelService  # noqa: E402
+from engine.types import (  # noqa: E402
     FinishEvent,
     GenerationRequest,
     ModelConfig,

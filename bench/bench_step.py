@@ -7,7 +7,7 @@ short prompts one pass each against one packed pass (`forward_packed`), same run
 Prints ms per decode step at B = 1 and 8 (best of --reps loops of 20 steps over 8 slots
 holding 40-token prompts) and, for 6 prompts of each --prompt-tokens length, ms for six
 `forward` calls and for one `forward_packed` call with their ratio (same bits: tested in
-tests/engine/test_packed_prefill.py). PANTHEON_THREADS sets the kernels' threads.
+tests/engine/models/test_packed_prefill.py). PANTHEON_THREADS sets the kernels' threads.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_engine import default_model_path  # noqa: E402
-from inference.engine.loading.gguf_file import GGUFFile  # noqa: E402
-from inference.engine.models import architecture_module  # noqa: E402
+from engine.loading.gguf_file import GGUFFile  # noqa: E402
+from engine.models import architecture_module  # noqa: E402
 from kernels import get_backend  # noqa: E402
 
 

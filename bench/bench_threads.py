@@ -1,5 +1,5 @@
 """Request latency with OpenBLAS's default threads against the engine's chosen count
-(kernels/threads.py, PANTHEON_THREADS), with and without a busy neighbour core.
+(kernels/devices/threads.py, PANTHEON_THREADS), with and without a busy neighbour core.
 
 The neighbour is a busy-loop process pinned to the last usable core, as another tenant's
 job would be. Each phase runs `--requests` greedy chat requests one after another on one
@@ -29,14 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from bench.bench_engine import default_model_path  # noqa: E402
-from inference.engine.serving.service import ModelService  # noqa: E402
-from inference.engine.types import (  # noqa: E402
+from engine.serving.service import ModelService  # noqa: E402
+from engine.types import (  # noqa: E402
     GenerationRequest,
     ModelConfig,
     SamplingParams,
     ServerBusy,
 )
-from kernels import threads  # noqa: E402
+from kernels.devices import threads  # noqa: E402
 
 QUESTION = "Explain in two sentences why the sky is blue, for a curious child."
 CLIENTS, PER_CLIENT, SLOTS = 8, 20, 4

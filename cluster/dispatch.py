@@ -31,8 +31,8 @@ from pantheon_platform.errors import ApiError, send_asgi_error
 
 log = logging.getLogger("pantheon.cluster")
 
-# Every client route a serve instance has (inference/urls.py, inference/ollama/urls.py,
-# responses_api/urls.py, sessions/urls.py and /session/watch); tests/cluster checks the
+# Every client route a serve instance has (wire/urls.py, wire/ollama/urls.py,
+# wire/responses/urls.py, sessions/urls.py and /session/watch); tests/cluster checks the
 # list against the instance's URL table. The router answers /, /health and /v1/models
 # itself; the instances' operator routes (/admin/...) are reached on each instance.
 FORWARDED_PATHS = frozenset(

@@ -1,7 +1,7 @@
 """Compute backends behind one interface (kernels.backend.Backend): the numpy reference,
 the compiled CPU kernels (`cpu`: GGUF blocks kept as they are, kernels/cpu/) when the
-extension was built, and the GPU backend (`cuda`: kernels/cuda_backend.py on a die of
-kernels/dies.py) where CuPy sees a device.
+extension was built, and the GPU backend (`cuda`: kernels/cuda/backend.py on a die of
+kernels/devices/dies.py) where CuPy sees a device.
 
 Nothing here imports Django. `backend_name()` answers "what can this process run on?":
 `cuda` when CuPy is installed and sees at least one usable device, else `cpu`.
@@ -15,13 +15,13 @@ from __future__ import annotations
 import functools
 import weakref
 
-from .backend import Backend
+from kernels.backend import Backend
 
 
 def dies_visible() -> int:
-    """Dies the die manager holds (kernels.dies): the CUDA devices CuPy can use, 0
+    """Dies the die manager holds (kernels.devices.dies): the CUDA devices CuPy can use, 0
     without CuPy, driver or card."""
-    from . import dies
+    from kernels.devices import dies
 
     return len(dies.manager())
 
@@ -29,7 +29,7 @@ def dies_visible() -> int:
 def array_module(x):
     """numpy (for any numpy array, subclasses included), or CuPy for a CuPy array: for
     code above the seam that must not import a backend (the device sampler)."""
-    from .numpy_backend import array_module as of
+    from kernels.reference.backend import array_module as of
 
     return of(x)
 
@@ -37,7 +37,7 @@ def array_module(x):
 def backend_name() -> str:
     """The backend token: cuda where CUDA dies were probed, else cpu (dies a test
     installed are host memory: this process still computes on the CPU)."""
-    from . import dies
+    from kernels.devices import dies
 
     return "cuda" if dies.manager().kind == "cuda" else "cpu"
 
@@ -50,19 +50,19 @@ CPU_KERNEL_TYPES = frozenset(
 
 
 def _make_numpy() -> Backend:
-    from .numpy_backend import NumpyBackend
+    from kernels.reference.backend import NumpyBackend
 
     return NumpyBackend()
 
 
 def _make_cpu() -> Backend:
-    from .cpu_backend import CpuBackend
+    from kernels.cpu.backend import CpuBackend
 
     return CpuBackend()
 
 
 def _make_cuda() -> Backend:
-    from . import dies
+    from kernels.devices import dies
 
     found = dies.manager()
     if found.kind != "cuda":
@@ -76,11 +76,11 @@ def die_backend(die) -> Backend:
     backend = _die_backends.get(die)
     if backend is None:
         if die.kind == "cuda":
-            from .cuda_backend import CudaBackend
+            from kernels.cuda.backend import CudaBackend
 
             backend = CudaBackend(die.ordinal)
         else:
-            from .xp_backend import XpBackend
+            from kernels.xp.backend import XpBackend
 
             backend = XpBackend(die.xp)
         _die_backends[die] = backend
@@ -91,7 +91,7 @@ _die_backends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _make_auto() -> Backend:
-    from .cpu_backend import load_extension
+    from kernels.cpu.backend import load_extension
 
     return get_backend("cpu" if load_extension() is not None else "numpy")
 

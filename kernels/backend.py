@@ -1,7 +1,7 @@
 """The seam under every model: what a compute backend must implement.
 
 A backend owns weight storage and every operation that touches weights or the KV cache.
-The one decoder block (`inference.engine.models._block`) is written against this
+The one decoder block (`engine.models._block`) is written against this
 interface only, so a new backend (quantised CPU kernels, CuPy on a GPU) is a new class
 here and no model file changes. The numpy backend is the reference the others are
 tested against.
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from .weights import RopeTable, Weight
+from kernels.weights import RopeTable, Weight
 
 Array = Any  # the backend's array type: numpy.ndarray, cupy.ndarray, ...
 
@@ -76,8 +76,8 @@ class Backend(ABC):
         Default: one block matrix when the parts share a type (block rows are independent,
         so stacking matrices is stacking their rows), else dequantised into one dense
         matrix. A backend with a kernel per type may keep the parts apart instead
-        (kernels.cpu_backend: no copy of the file's bytes)."""
-        from .numpy_backend import dequantize_rows
+        (kernels.cpu.backend: no copy of the file's bytes)."""
+        from kernels.reference.backend import dequantize_rows
 
         k = parts[0].shape[1]
         if len({p.storage for p in parts}) == 1:
@@ -198,7 +198,7 @@ class Backend(ABC):
         """`step(inputs, positions, slots)` (a stage's decode step for `bucket` rows)
         captured into a graph; returns replay(inputs, positions, slots) for up to `bucket`
         rows, the bits `step` gives. `width`: None for token ids in, else the hidden
-        width. Only where `captures_graphs` (kernels/cuda_graphs.py)."""
+        width. Only where `captures_graphs` (kernels/cuda/graphs.py)."""
         raise NotImplementedError(f"the {self.name} backend captures no graphs")
 
     def adopt(self, x: Array) -> Array:

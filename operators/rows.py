@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import kernels.dies
+import kernels.devices.dies
 from pantheon_platform.runtime import InstanceInfo, LoadingInfo, Runtime
 
 
@@ -89,4 +89,4 @@ def model_rows(rt: Runtime) -> list[dict]:
 def dies_listing(rt: Runtime) -> dict:
     """GET /admin/dies: every die the process sees, its budget (total minus
     PN_DIE_RESERVE_BYTES), what our allocations hold there and the models they are for."""
-    return kernels.dies.manager().listing()
+    return kernels.devices.dies.manager().listing()

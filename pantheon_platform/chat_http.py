@@ -24,8 +24,8 @@ from typing import TypeVar
 
 from django.conf import settings
 
-from inference.engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
-from inference.engine.types import FinishEvent, GenerationFailed
+from engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
+from engine.types import FinishEvent, GenerationFailed
 from pantheon_platform import live_settings, tenancy
 from pantheon_platform.errors import ApiError
 from pantheon_platform.metering import TurnRecord, metered, note_turn

@@ -16,8 +16,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from inference.engine.chat.turn import InvalidTurn
-from inference.engine.types import (
+from engine.chat.turn import InvalidTurn
+from engine.types import (
     BadSessionBlob,
     ContextOverBudget,
     GenerationFailed,

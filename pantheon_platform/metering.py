@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from inference.engine.chat import request_usage
-from inference.engine.types import FinishEvent
+from engine.chat import request_usage
+from engine.types import FinishEvent
 from pantheon_platform.request_log import SCOPE_KEY
 
 TURNS_KEY = "turns"  # in the access-log dict: the request's TurnRecords, in order

@@ -111,8 +111,8 @@ def model_file_info(path: str | Path) -> ModelFileInfo:
     FileNotFoundError, or ValueError for a file that is not a readable GGUF."""
     from django.conf import settings
 
-    from inference.engine.loading.gguf_file import ModelFileNotFound
-    from inference.engine.serving.service import peek_gguf
+    from engine.loading.gguf_file import ModelFileNotFound
+    from engine.serving.service import peek_gguf
 
     path = str(path)
     try:

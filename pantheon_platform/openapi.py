@@ -1,7 +1,7 @@
 """The building blocks of the OpenAPI 3.1 document, shared by every app's piece of it.
 
-Each app describes its own routes in its own `openapi.py` (inference, inference.anthropic,
-operators, sessions, responses_api) with `add_paths(paths)` and `schemas()`;
+Each app describes its own routes in its own `openapi.py` (inference, wire.anthropic,
+operators, sessions, wire.responses) with `add_paths(paths)` and `schemas()`;
 pantheon_site/openapi.py puts them together, adds what the ASGI layers answer before any
 view, the preflights, and serves the document at GET /openapi.json.
 
@@ -37,7 +37,7 @@ FINITE = {"type": "number", "exclusiveMinimum": -INT64_BOUND, "exclusiveMaximum"
 STRING = {"type": "string"}
 BOOL = {"type": "boolean"}
 RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer", "minimum": 1}}}
-# How far a model load has got (inference.engine.loading.progress.LoadProgress.as_dict):
+# How far a model load has got (engine.loading.progress.LoadProgress.as_dict):
 # on GET / and on /admin/models' loading rows.
 LOAD_PROGRESS = {
     "type": "object",

@@ -40,7 +40,7 @@ LARGE_BODY_PATHS = frozenset(
         "/v1/messages",
         "/v1/messages/count_tokens",
         "/v1/responses",
-        "/api/chat",  # Ollama's API (inference/ollama)
+        "/api/chat",  # Ollama's API (wire/ollama)
         "/api/generate",
         "/api/embed",
         "/api/embeddings",

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 import psutil
 
 import kernels
-import kernels.dies
-from inference.engine.loading.progress import LoadProgress
-from inference.engine.serving.embedding import POOLINGS
-from inference.engine.types import ModelConfig
+import kernels.devices.dies
+from engine.loading.progress import LoadProgress
+from engine.serving.embedding import POOLINGS
+from engine.types import ModelConfig
 from pantheon_platform import live_settings
 from pantheon_platform.model_files import (
     ModelFileInfo,
@@ -44,7 +44,7 @@ from pantheon_platform.model_files import (
 )
 
 if TYPE_CHECKING:
-    from inference.engine.serving.service import ModelService
+    from engine.serving.service import ModelService
 
 log = logging.getLogger("pantheon.runtime")
 
@@ -375,7 +375,7 @@ class Runtime:
                     f"(backend {kernels.backend_name()}); omit `dies`"
                 )
             try:
-                kernels.dies.manager().get(spec.dies)
+                kernels.devices.dies.manager().get(spec.dies)
             except ValueError as exc:
                 raise InvalidOption(f"dies: {exc}") from None
             if spec.quantize:
@@ -462,9 +462,9 @@ class Runtime:
                 log.exception("a load hook failed for model %s (the model is loaded)", name)
 
     def _open(self, spec: LoadSpec) -> ModelService:
-        from inference.engine.loading.gguf_file import ModelFileNotFound
-        from inference.engine.serving.service import ModelService
-        from inference.engine.types import ModelLoadError
+        from engine.loading.gguf_file import ModelFileNotFound
+        from engine.serving.service import ModelService
+        from engine.types import ModelLoadError
 
         log.info("loading model %s from %s", spec.name, spec.path)
         started = time.monotonic()
@@ -851,7 +851,7 @@ def resolve_chat_template(value: str) -> str:
     ("{%" or "{{" in it), else the file it names inside the model folders. "" stays "".
     Raises PathNotAllowed, NotFound, or InvalidOption (unreadable, too big, or a template
     that does not compile)."""
-    from inference.engine.text.chat_template import ChatTemplate, ChatTemplateError
+    from engine.text.chat_template import ChatTemplate, ChatTemplateError
 
     if not value:
         return ""
@@ -892,7 +892,7 @@ def _describe(exc: Exception) -> str:
 def _placement(spec: LoadSpec) -> list:
     """The dies `spec` places its layers on, or [] for host memory."""
     try:
-        return kernels.dies.placement(spec.dies, spec.engine_config().backend)
+        return kernels.devices.dies.placement(spec.dies, spec.engine_config().backend)
     except ValueError:
         return []  # refused by checked_spec or, clearly, by the load itself
 

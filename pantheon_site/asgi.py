@@ -27,13 +27,13 @@ daphne_hooks.install()
 
 from django.conf import settings  # noqa: E402
 
-from kernels import threads  # noqa: E402
+from kernels.devices import threads  # noqa: E402
 
 # The engine owns the cores: one BLAS pool of PANTHEON_THREADS for every model, malloc
-# arenas capped, before any model loads or server thread starts (kernels/threads.py).
+# arenas capped, before any model loads or server thread starts (kernels/devices/threads.py).
 threads.configure(settings.PANTHEON_THREADS)
 
-from kernels.cpu_backend import configure_activations  # noqa: E402
+from kernels.cpu.backend import configure_activations  # noqa: E402
 
 # float32 decode products unless the operator opted into bfloat16 (a CPU without AVX-512
 # BF16 stays float32 and logs it; GET / says which).

@@ -3,13 +3,13 @@
 Written as code rather than generated (drf-spectacular): the chat route and the session
 routes are plain Django views that parse their JSON by hand, and /session/watch is a
 Channels consumer, so a generator would see empty bodies. Each app describes its own
-routes (`add_paths(paths)`, `schemas()` in inference/openapi.py,
-inference/anthropic/openapi.py, operators/openapi.py, sessions/openapi.py,
-responses_api/openapi.py, inference/textapi/openapi.py, inference/ollama/openapi.py) with the
+routes (`add_paths(paths)`, `schemas()` in wire/openai_chat/openapi.py,
+wire/anthropic/openapi.py, operators/openapi.py, sessions/openapi.py,
+wire/responses/openapi.py, wire/completions/openapi.py, wire/ollama/openapi.py) with the
 building blocks of pantheon_platform/openapi.py, whose `serializer_schema` reads a request
 body's bounds from its serializer. This module puts the pieces together, adds what the
 ASGI layers may answer before any view and the CORS preflights, and serves the document;
-tests/api/test_openapi.py keeps the paths and methods in step with the URL table.
+tests/wire/test_openapi.py keeps the paths and methods in step with the URL table.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-import inference.anthropic.openapi as anthropic_openapi
-import inference.ollama.openapi as ollama_openapi
-import inference.openapi as inference_openapi
-import inference.textapi.openapi as textapi_openapi
 import observability.openapi as observability_openapi
 import operators.openapi as operators_openapi
-import responses_api.openapi as responses_openapi
 import sessions.openapi as sessions_openapi
+import wire.anthropic.openapi as anthropic_openapi
+import wire.completions.openapi as textapi_openapi
+import wire.ollama.openapi as ollama_openapi
+import wire.openai_chat.openapi as inference_openapi
+import wire.responses.openapi as responses_openapi
 from pantheon_platform import routes
 from pantheon_platform.errors import json_response, method_not_allowed
 from pantheon_platform.openapi import (

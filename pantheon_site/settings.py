@@ -20,15 +20,15 @@ PANTHEON_MEMORY_RESERVE_MB  memory a load must leave free, on top of its estimat
 PANTHEON_UNLOAD_TIMEOUT  seconds an unload waits for in-flight generations (120)
 PANTHEON_THREADS       threads of the engine, one pool for every loaded model (0: the
                        compiled kernels every usable core, BLAS all but one;
-                       kernels/threads.py)
+                       kernels/devices/threads.py)
 PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they were
                        built, else numpy), cpu, numpy (the float32 reference), or cuda
                        (the GPU backend on die 0; not yet run on a GPU)
 PN_DIE_RESERVE_BYTES   bytes of each GPU die kept out of its budget (512 MiB;
-                       kernels/dies.py reads it)
+                       kernels/devices/dies.py reads it)
 PANTHEON_ACTIVATIONS   float32 (exact products, the default) or bfloat16 (decode products
                        from bfloat16 x and weights: ~1.5x at 8 streams on AVX-512 BF16
-                       CPUs, float32 elsewhere; kernels/cpu_backend.py)
+                       CPUs, float32 elsewhere; kernels/cpu/backend.py)
 PANTHEON_PREFIX_CACHE  1: a free slot keeps its last request's KV for a prompt that begins
                        the same way, per API key (0: only session turns resume) (1)
 PANTHEON_PREFIX_CACHE_RAM_MB  host memory for kept prefixes a new prompt's slot displaced,
@@ -136,11 +136,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "channels",
-    "inference",
+    "wire",  # the client routes: every wire format (wire/), Responses aside
     "operators",
     "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
     "access",  # API keys and the browser defences (access/guard.py, an ASGI layer)
-    "responses_api",  # OpenAI Responses API (/v1/responses) and its stored responses
+    "wire.responses",  # OpenAI Responses API (/v1/responses) and its stored responses
     "observability",  # GET /metrics (Prometheus) and the usage stats (GET /admin/stats)
     "cluster",  # the router role, the registry client and the instance heartbeat (cluster/)
 ]
@@ -202,7 +202,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # 128k-token chat before the engine could answer with context_over_budget. The ASGI body
 # limit (pantheon_site/limits.py) answers 413 first: a body within a route's limit is read.
 DATA_UPLOAD_MAX_MEMORY_SIZE = LARGE_BODY_BYTES
-# Request bounds beyond the body size (README "Limits"; inference/serializers.py reads
+# Request bounds beyond the body size (README "Limits"; wire/openai_chat/request.py reads
 # them, pantheon_platform/strict_json.py holds the others).
 PANTHEON_MAX_MESSAGES = env_int("PANTHEON_MAX_MESSAGES", 4096)
 PANTHEON_MAX_TOOLS = env_int("PANTHEON_MAX_TOOLS", 128)
@@ -281,7 +281,9 @@ PANTHEON_MEMORY_RESERVE_BYTES = env_int("PANTHEON_MEMORY_RESERVE_MB", 256) * 2**
 # An unload waits this long for in-flight generations, then lets them finish in the
 # background (a generation is never cut off) and answers with "drained": false.
 PANTHEON_UNLOAD_TIMEOUT = float(env_int("PANTHEON_UNLOAD_TIMEOUT", 120))
-PANTHEON_THREADS = env_int("PANTHEON_THREADS", 0)  # engine threads (0: kernels.threads defaults)
+PANTHEON_THREADS = env_int(
+    "PANTHEON_THREADS", 0
+)  # engine threads (0: kernels.devices.threads defaults)
 
 
 LOGGING = {
@@ -304,7 +306,7 @@ LOGGING = {
 }
 
 
-# --- concurrency: batch scheduler, queue, drain, memory ladder (inference/) -----------
+# --- concurrency: batch scheduler, queue, drain, memory ladder (engine/) -----------
 # Engine options for every model (ModelConfig keyword arguments). The contract names
 # the queue depth BS_QUEUE_DEPTH.
 PANTHEON_ENGINE_OPTIONS = {
@@ -334,7 +336,7 @@ PANTHEON_ENGINE_OPTIONS = {
 }
 if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy", "cuda"):
     raise EnvError("PANTHEON_BACKEND must be auto, cpu, numpy or cuda")
-# The compiled decode products (kernels.cpu_backend.configure_activations, at start).
+# The compiled decode products (kernels.cpu.backend.configure_activations, at start).
 PANTHEON_ACTIVATIONS = os.environ.get("PANTHEON_ACTIVATIONS", "") or "float32"
 if PANTHEON_ACTIVATIONS not in ("float32", "bfloat16"):
     raise EnvError("PANTHEON_ACTIVATIONS must be float32 or bfloat16")

@@ -16,7 +16,7 @@ _ROUTES = (
     [path("", include("cluster.urls"))]
     if settings.PANTHEON_ROLE == "router"
     else [
-        path("", include("inference.urls")),
+        path("", include("wire.urls")),
         path("", include("operators.urls")),  # /admin/... operator routes (the contract)
         path("", include("sessions.urls")),  # /session/... and /admin/session/export
         path("", include("observability.urls")),  # /metrics and /admin/stats

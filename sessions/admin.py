@@ -14,8 +14,8 @@ import json
 from django.contrib import admin, messages
 from django.http import HttpResponse
 
-from inference.engine.serving.sessions import SessionKey
-from inference.engine.types import EngineError
+from engine.serving.sessions import SessionKey
+from engine.types import EngineError
 from pantheon_platform.runtime import get_runtime
 from sessions import records
 from sessions.export import export_body

@@ -3,7 +3,7 @@ background as turns park them, spilled whole at shutdown and unload, restored at
 
 Layout: DATA_DIR/sessions/<model folder>/<stem>-<i>.pnkv, one file per conversation (i
 counts a session's conversations, least recently used first), each a session blob
-(inference.engine.serving.session_blob) whose header names the session id and its
+(engine.serving.session_blob) whose header names the session id and its
 namespace (the API key that owns it): the file name never reveals either. The stem is a
 hash of the session's key (`file_stem`). The model folder is the served name made
 filesystem-safe plus a short hash of the exact name, so two names never share a folder.
@@ -52,9 +52,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference.engine.serving.session_blob import encode, read_header
-from inference.engine.serving.sessions import OPEN, SessionKey
-from inference.engine.types import BadSessionBlob
+from engine.serving.session_blob import encode, read_header
+from engine.serving.sessions import OPEN, SessionKey
+from engine.types import BadSessionBlob
 from pantheon_platform import shutdown
 from pantheon_platform.runtime import get_runtime
 from sessions import records, tenancy

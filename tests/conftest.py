@@ -14,7 +14,7 @@ import pytest
 from tests.support import shipped_smollm2, skip_or_fail
 
 # The suite runs without the prefix cache across requests, here and in the servers the
-# e2e tests start (tests/engine/test_prefix_cache.py and tests/e2e/test_prefix_cache_http.py
+# e2e tests start (tests/engine/serving/test_prefix_cache.py and tests/e2e/test_prefix_cache_http.py
 # turn it on): most tests compare one request's usage with another's, each computed cold.
 os.environ["PANTHEON_PREFIX_CACHE"] = "0"
 
@@ -49,8 +49,8 @@ def gemma3_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_service(smollm2_path: Path):
     """The real SmolLM2 ModelService, loaded once per test session."""
-    from inference.engine.serving.service import ModelService
-    from inference.engine.types import ModelConfig
+    from engine.serving.service import ModelService
+    from engine.types import ModelConfig
 
     svc = ModelService.load(
         ModelConfig(name=SMOLLM2_NAME, path=str(smollm2_path), prefix_cache=False)
@@ -109,3 +109,24 @@ def weight_cache_in_a_temporary_folder(tmp_path_factory):
     except ImproperlyConfigured:  # engine tests run without Django (-p no:django)
         return
     options["weight_cache_dir"] = str(tmp_path_factory.mktemp("weight-cache"))
+
+
+# --- markers (registered in pyproject.toml): by folder, and `slow` by measured time -------
+# `make test-fast` runs what none of these mark: the unit tests, in under 3 minutes.
+_FOLDER_MARKERS = {"e2e": "e2e", "cluster": "cluster", "gpu": "gpu"}
+_BROWSER_FILES = {"test_console_browser.py", "test_console_dashboard.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    from tests.slow_tests import SLOW
+
+    root = Path(__file__).resolve().parent
+    for item in items:
+        relative = Path(item.fspath).resolve().relative_to(root)
+        marker = _FOLDER_MARKERS.get(relative.parts[0])
+        if marker:
+            item.add_marker(getattr(pytest.mark, marker))
+        if relative.name in _BROWSER_FILES:
+            item.add_marker(pytest.mark.browser)
+        if item.nodeid.split("::")[0] in SLOW or item.nodeid.split("[")[0] in SLOW:
+            item.add_marker(pytest.mark.slow)

@@ -1,5 +1,5 @@
 """Helpers shared by the CUDA kernel tests on a device (tests/gpu/test_cuda_kernels.py) and
-on the host emulator (tests/kernels/test_cuda_emulated.py). Plain numpy and gguf: the GPU
+on the host emulator (tests/kernels/cuda/test_cuda_emulated.py). Plain numpy and gguf: the GPU
 machine imports it without Django."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from kernels import cuda_kernels
+from kernels.cuda import kernels as cuda_kernels
 from tests.tiny_gguf import random_blocks
 
 

@@ -51,7 +51,7 @@ def generate_text(svc, request):
     (the streamed text, the FinishEvent)."""
     import asyncio
 
-    from inference.engine.types import TokenEvent
+    from engine.types import TokenEvent
 
     async def go():
         text, finish = "", None

@@ -185,8 +185,8 @@ class Cluster:
 def ban_turn_ends(path) -> dict[str, float]:
     """logit_bias that keeps a stream from ending its turn early (a long stream that is
     surely still running when the test looks)."""
-    from inference.engine.loading.gguf_file import GGUFFile
-    from inference.engine.text.tokenizer import Tokenizer
+    from engine.loading.gguf_file import GGUFFile
+    from engine.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
     return {str(i): -100.0 for i in tokenizer.end_of_turn_ids}

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 
 def _console_key(data_dir, scopes: list[str]) -> str:
     """A console key with `scopes`, written to the server's database as the console does."""
-    code = f"from tests.security.helpers import console_key;print(console_key('edge', {scopes!r}))"
+    code = f"from tests.access.helpers import console_key;print(console_key('edge', {scopes!r}))"
     env = {**os.environ, "PANTHEON_DATA_DIR": str(data_dir)}
     env["DJANGO_SETTINGS_MODULE"] = "pantheon_site.settings"
     out = subprocess.run(

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import pytest
 
-from tests.api.test_tools import ASK, SCHEMAS, TOOLS
 from tests.e2e.daphne_server import running_server
+from tests.wire.openai_chat.test_tools import ASK, SCHEMAS, TOOLS
 
 MODEL = "smollm2-135m-instruct"
 

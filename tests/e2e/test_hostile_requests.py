@@ -53,8 +53,8 @@ def server(tmp_path_factory, smollm2_path):
 def _ban_turn_ends(path) -> dict[str, float]:
     """logit_bias that keeps the watched stream from ending its turn early: it must still
     be running when the hostile request arrives, however fast the engine decodes."""
-    from inference.engine.loading.gguf_file import GGUFFile
-    from inference.engine.text.tokenizer import Tokenizer
+    from engine.loading.gguf_file import GGUFFile
+    from engine.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(GGUFFile(path).metadata)
     return {str(i): -100.0 for i in tokenizer.end_of_turn_ids}

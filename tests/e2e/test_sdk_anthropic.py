@@ -9,8 +9,8 @@ import httpx
 import jsonschema
 import pytest
 
-from tests.api.helpers import THINK_TEMPLATE
 from tests.e2e.daphne_server import running_server
+from tests.wire.helpers import THINK_TEMPLATE
 
 MODEL = "smollm2-135m-instruct"
 CLIENT_KEY = "sk-anthropic-e2e-client"

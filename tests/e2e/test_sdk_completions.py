@@ -13,7 +13,7 @@ import pytest
 
 from pantheon_platform import routes
 from tests.e2e.daphne_server import running_server
-from tests.engine.test_embedding import PARAPHRASES, UNRELATED
+from tests.engine.serving.test_embedding import PARAPHRASES, UNRELATED
 
 MODEL = "smollm2-135m-instruct"
 KEY = "sk-completions-e2e"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.api.helpers import THINK_TEMPLATE
 from tests.e2e.daphne_server import running_server
+from tests.wire.helpers import THINK_TEMPLATE
 
 MODEL = "smollm2-135m-instruct"
 CLIENT_KEY = "sk-ollama-e2e-client"

@@ -118,7 +118,7 @@ def smollm2_metadata(smollm2_path: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_metadata: dict[str, Any]):
-    from inference.engine.text.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(smollm2_metadata)
 

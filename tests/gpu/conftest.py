@@ -1,4 +1,4 @@
-"""tests/gpu: the GPU backend's array logic (kernels/xp_backend.py) on a CUDA device, with
+"""tests/gpu: the GPU backend's array logic (kernels/xp/backend.py) on a CUDA device, with
 xp = CuPy, against the same logic on numpy (issue 16).
 
 Where CuPy or a device is missing these tests skip, saying why; PANTHEON_REQUIRE_GPU=1

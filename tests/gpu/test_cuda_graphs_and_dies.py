@@ -1,5 +1,5 @@
-"""A model placed on CUDA dies (kernels.dies: each stage on its die's engine thread, its own
-stream) and its decode steps through CUDA graphs (kernels/cuda_graphs.py): replayed steps
+"""A model placed on CUDA dies (kernels.devices.dies: each stage on its die's engine thread, its own
+stream) and its decode steps through CUDA graphs (kernels/cuda/graphs.py): replayed steps
 give the direct steps' bits, padding rows touch only the scratch slot, every capture
 succeeds, and the `graphs` / `attention` reports say so; /admin/dies' numbers from the
 device. Not yet run on a GPU (no session has had one)."""
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import kernels
-from inference.engine.loading.gguf_file import GGUFFile
-from inference.engine.models import architecture_module
-from inference.engine.models._pipeline import load_pipeline
-from kernels import dies
-from tests.engine.test_batch_invariance import TINY
+from engine.loading.gguf_file import GGUFFile
+from engine.models import architecture_module
+from engine.models._pipeline import load_pipeline
+from kernels.devices import dies
+from tests.engine.models.test_batch_invariance import TINY
 
 
 @pytest.fixture(scope="module")

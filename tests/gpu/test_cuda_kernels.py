@@ -1,12 +1,12 @@
 """The CUDA C kernels (kernels/cuda/, issue 16) on a device against their numpy twins
-(kernels/cuda_twins.py): bitwise where the twin repeats the kernel's float32 operations
+(kernels/cuda/twins.py): bitwise where the twin repeats the kernel's float32 operations
 (dequantise, mat-vec, RMSNorm, RoPE: compiled with --fmad=false), within a few ulp where the
 kernel calls expf / tanhf (GLU, soft-cap, attention); the mat-vec and attention rows bitwise
 as alone for B = 1..8; and CudaBackend on the tiny qwen2 / qwen3 models against XpBackend
 on numpy, decode rows bitwise as alone.
 
 Not yet run on a GPU (no session has had one); here the kernels only compile
-(tests/kernels/test_cuda_sources.py). NVRTC compiles each program once per session (the
+(tests/kernels/cuda/test_cuda_sources.py). NVRTC compiles each program once per session (the
 launchers cache the modules), a few seconds in all."""
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from inference.engine.loading.gguf_file import GGUFFile
-from inference.engine.models import architecture_module
-from kernels import cuda_kernels, cuda_twins, numpy_backend
-from kernels.xp_backend import XpBackend
+from engine.loading.gguf_file import GGUFFile
+from engine.models import architecture_module
+from kernels.cuda import kernels as cuda_kernels
+from kernels.cuda import twins as cuda_twins
+from kernels.reference import backend as numpy_backend
+from kernels.xp.backend import XpBackend
 from tests import cuda_checks
 from tests.cuda_checks import same_bits, width
-from tests.engine.test_batch_invariance import TINY, check_batch_invariance
+from tests.engine.models.test_batch_invariance import TINY, check_batch_invariance
 
 TYPES = list(cuda_kernels.QTYPES)
 CHUNK = cuda_kernels.define("ATT_CHUNK")
@@ -170,7 +172,7 @@ def load(name, backend):
 
 @pytest.fixture(scope="module")
 def cuda_backend(cp):
-    from kernels.cuda_backend import CudaBackend
+    from kernels.cuda.backend import CudaBackend
 
     return CudaBackend(0)
 

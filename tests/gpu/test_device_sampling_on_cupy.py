@@ -1,21 +1,21 @@
-"""Device sampling (inference/engine/decoding/device_sampling.py) with xp = CuPy against
+"""Device sampling (engine/decoding/device_sampling.py) with xp = CuPy against
 the host's sample_batch: the same tokens, logprobs within 1e-6 (the device's exp and its
 summation order differ from numpy's in the last bits), RNG streams in step; and a step
 copies back only its tokens and logprobs, never a (B, V) array.
 
 Not yet run on a GPU (no session has had one). The cases are the suite's
-(tests/engine/test_device_sampling.py), which runs the same code with xp = numpy."""
+(tests/engine/decoding/test_device_sampling.py), which runs the same code with xp = numpy."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from inference.engine.decoding.device_sampling import pack_mask, sample_batch_on, unpack_mask
-from inference.engine.decoding.sampler import Sampler, sample_batch
-from inference.engine.decoding.state import DecodeState, choose_rows
-from inference.engine.types import SamplingParams
-from tests.engine.test_device_sampling import assert_same, random_params, run_both
+from engine.decoding.device_sampling import pack_mask, sample_batch_on, unpack_mask
+from engine.decoding.sampler import Sampler, sample_batch
+from engine.decoding.state import DecodeState, choose_rows
+from engine.types import SamplingParams
+from tests.engine.decoding.test_device_sampling import assert_same, random_params, run_both
 
 
 @pytest.mark.parametrize("V", [20, 1001, 49152, 151936])

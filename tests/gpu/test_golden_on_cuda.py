@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import kernels
-from inference.engine.loading.gguf_file import GGUFFile
-from inference.engine.models import architecture_module
-from inference.engine.models._pipeline import load_pipeline
-from kernels import dies
+from engine.loading.gguf_file import GGUFFile
+from engine.models import architecture_module
+from engine.models._pipeline import load_pipeline
+from kernels.devices import dies
 from tests.support import shipped_smollm2
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reference"

@@ -12,11 +12,11 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from inference.engine.loading.gguf_file import GGUFFile
-from inference.engine.models import architecture_module
-from kernels import xp_quants
-from kernels.xp_backend import XpBackend
-from tests.engine.test_batch_invariance import TINY, check_batch_invariance
+from engine.loading.gguf_file import GGUFFile
+from engine.models import architecture_module
+from kernels.xp import quants as xp_quants
+from kernels.xp.backend import XpBackend
+from tests.engine.models.test_batch_invariance import TINY, check_batch_invariance
 from tests.tiny_gguf import random_blocks
 
 TYPES = sorted(xp_quants.DEQUANTIZERS, key=lambda q: q.name)

@@ -6,7 +6,7 @@ import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.security.asgi_raw import request
+from tests.access.asgi_raw import request
 
 CLIENT_KEY = "client-key-for-the-metrics-tests"
 ADMIN_KEY = "admin-key-for-the-metrics-tests"

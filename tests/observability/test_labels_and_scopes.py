@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.access.asgi_raw import request, stack_app
 from tests.conftest import SMOLLM2_NAME as MODEL
 from tests.observability.helpers import ADMIN_KEY, CLIENT_KEY, bearer, stats
-from tests.security.asgi_raw import request, stack_app
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anyio]
 

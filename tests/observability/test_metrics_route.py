@@ -7,6 +7,7 @@ from contextlib import aclosing
 
 import pytest
 
+from tests.access.asgi_raw import request, stack_app
 from tests.conftest import SMOLLM2_NAME as MODEL
 from tests.observability.helpers import (
     ADMIN_KEY,
@@ -18,7 +19,6 @@ from tests.observability.helpers import (
     stats,
     stats_moved,
 )
-from tests.security.asgi_raw import request, stack_app
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anyio]
 
@@ -41,7 +41,7 @@ def keys(settings):
 @pytest.fixture
 def one_slot(served, smollm2_service):
     """SmolLM2 again as "busy": one slot and no queue, so a second request is a 429."""
-    from inference.engine.types import ModelConfig
+    from engine.types import ModelConfig
 
     config = ModelConfig(
         name="busy", path=smollm2_service.path, max_concurrent=1, queue_depth=0, ctx_cap=256
@@ -56,7 +56,7 @@ def one_slot(served, smollm2_service):
 async def hold_the_slot(svc):
     """A generation admitted on `svc`'s only slot (the engine, not HTTP: it is not one of
     the requests the test counts); closing it frees the slot."""
-    from inference.engine.types import GenerationRequest, SamplingParams
+    from engine.types import GenerationRequest, SamplingParams
 
     ids = svc.encode_chat(HELLO)
     params = SamplingParams(temperature=0, max_tokens=1000)

@@ -8,7 +8,7 @@ import pytest
 
 from observability import usage
 from observability.models import DAY, HOUR, UsageBucket
-from tests.security.asgi_raw import request, stack_app
+from tests.access.asgi_raw import request, stack_app
 
 NOW = datetime(2026, 3, 10, 15, 30, tzinfo=UTC)
 

@@ -104,9 +104,9 @@ def test_a_non_string_template_is_400(api, rt, model_dir):
 
 
 def test_the_engine_refuses_a_template_that_does_not_compile(model_dir):
-    from inference.engine.serving.service import ModelService
-    from inference.engine.types import ModelConfig as EngineConfig
-    from inference.engine.types import ModelLoadError
+    from engine.serving.service import ModelService
+    from engine.types import ModelConfig as EngineConfig
+    from engine.types import ModelLoadError
 
     config = EngineConfig(name="x", path=str(model_dir / "tiny.gguf"), chat_template="{% if %}")
     with pytest.raises(ModelLoadError, match="chat_template"):

@@ -1,7 +1,7 @@
 """Models on dies, through the operator routes: the `dies` load option, /admin/dies with
 each die's budget and what our allocations hold there, admission against a die's budget
 (507), and chat served by a model split across dies. The dies are host dies
-(kernels.dies.host_dies: the die logic, engine threads included, with xp = numpy);
+(kernels.devices.dies.host_dies: the die logic, engine threads included, with xp = numpy);
 on a GPU the same routes run on CUDA dies (not yet run there)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import jsonschema
 import pytest
 
 import kernels
-from inference.openapi import _MODEL_ENTRY
-from kernels import dies
+from kernels.devices import dies
 from operators.openapi import _INSTANCE
 from tests.operators.helpers import error_of
 from tests.operators.test_operator_routes import HI, UNLOAD, load
+from wire.openai_chat.openapi import _MODEL_ENTRY
 
 GIB = 1 << 30
 RESERVE = 1 << 20
@@ -147,10 +147,10 @@ def test_the_cuda_backend_without_a_die_fails_the_load_clearly(api, rt, model_di
 
 
 def test_graph_slots_are_reported_once_exercised(api, rt, model_dir, two_dies, monkeypatch):
-    """Decode steps through graph slots (the replay path of kernels/cuda_graphs.py with
-    xp = numpy: tests/engine/test_graphed_decode.py): both rows carry `graphs`."""
-    from inference.engine.serving import service
-    from tests.engine.test_graphed_decode import GraphedXp
+    """Decode steps through graph slots (the replay path of kernels/cuda/graphs.py with
+    xp = numpy: tests/engine/models/test_graphed_decode.py): both rows carry `graphs`."""
+    from engine.serving import service
+    from tests.engine.models.test_graphed_decode import GraphedXp
 
     monkeypatch.setattr(service, "die_backend", lambda die: GraphedXp(die.xp))
     load(api, name="graphed", dies=[0, 1])

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from inference.engine.loading.progress import (
+from engine.loading.progress import (
     CACHE_WRITE,
     DEQUANTISE,
     MAP,
@@ -23,8 +23,8 @@ from inference.engine.loading.progress import (
     LoadProgress,
     ProgressLog,
 )
-from inference.engine.serving.service import ModelService
-from inference.engine.types import ModelConfig
+from engine.serving.service import ModelService
+from engine.types import ModelConfig
 from operators.models import ModelConfig as ModelRow
 from pantheon_platform.runtime import LoadSpec
 

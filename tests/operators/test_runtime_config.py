@@ -13,13 +13,13 @@ import logging
 
 import pytest
 
-from inference.engine.types import ModelConfig
+from engine.types import ModelConfig
 from operators.models import ConfigOverride
 from pantheon_platform import live_settings
 from pantheon_platform.runtime import LoadSpec, Runtime
-from tests.api.helpers import CHAT, HELLO, AsgiCall
+from tests.access.asgi_raw import request, stack_app
 from tests.conftest import SMOLLM2_NAME
-from tests.security.asgi_raw import request, stack_app
+from tests.wire.helpers import CHAT, HELLO, AsgiCall
 
 LONG = [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]
 

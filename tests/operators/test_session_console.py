@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from inference.engine.types import GenerationRequest, SamplingParams
+from engine.types import GenerationRequest, SamplingParams
 from sessions import records
 from sessions.models import SessionRecord
 from tests.conftest import SMOLLM2_NAME

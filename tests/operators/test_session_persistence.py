@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.engine.serving import session_blob
-from inference.engine.types import GenerationRequest, SamplingParams, TokenEvent
+from engine.serving import session_blob
+from engine.types import GenerationRequest, SamplingParams, TokenEvent
 from pantheon_platform import shutdown
 from pantheon_platform.runtime import LoadSpec
 from sessions import persistence, records

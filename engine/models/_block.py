@@ -1,0 +1,440 @@
+"""The one decoder block and forward every architecture shares.
+
+An architecture file declares what makes it different (an `ArchSpec` and how its
+hyper-parameters are read); this module turns the GGUF's tensors into `LayerWeights`
+through the chosen backend and runs them. Prefill (one sequence's chunk of prompt
+tokens) and batched decode (one new token for each of B sequences) go through the same
+`block`: they differ only in their `Pass` — which matmul the backend uses (a GEMM for a
+chunk, the batch-invariant row kernel for decode) and how attention reads the KV cache.
+
+No array math on weights happens here: every such operation is a backend call
+(kernels.backend.Backend). What stays here is slicing, reshaping and residual adds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kernels.backend import Backend
+from kernels.weights import RopeTable, Weight
+
+from ..loading.gguf_file import GGUFFile
+from ..loading.tensors import TensorSource
+from ..types import ModelLoadError
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What one architecture declares; everything else is the shared block."""
+
+    neox_rope: bool  # rotate halves (qwen2/3, gemma3), not adjacent pairs (GGUF llama)
+    activation: str = "silu"  # of the gated FFN: "silu" or "gelu_tanh"
+    qkv_bias: bool = False  # q/k/v biases, read when the file has them (qwen2)
+    qk_norm: str = "none"  # per-head RMSNorm of q and k: "none", "optional", "required"
+    sandwich_norms: bool = False  # gemma3: RMSNorm after attention and after the FFN too
+    embed_scale: bool = False  # gemma3: embeddings times sqrt(d_model)
+    swa_pattern: int = 0  # > 0: layer i is global when (i + 1) % swa_pattern == 0, else sliding
+    local_rope_base: float = 0.0  # RoPE base of sliding-window layers (0: the file's base)
+    attn_softcap: float = 0.0  # > 0: scores = cap * tanh(scores / cap) (gemma2-style)
+    final_softcap: float = 0.0  # the same on the logits
+    # Defaults for metadata a file may omit.
+    default_ctx: int = 2048
+    default_rope_base: float = 10000.0
+    default_eps: float = 1e-5
+    partial_rope: bool = False  # rope.dimension_count < head_dim supported (no: refuse)
+
+
+@dataclass(frozen=True)
+class HParams:
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int
+    n_ctx_train: int
+    rope_base: float
+    rope_dim: int
+    eps: float
+    sliding_window: int = 0
+
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, spec: ArchSpec) -> HParams:
+        d_model = int(gf.arch_value("embedding_length"))
+        n_head = int(gf.arch_value("attention.head_count"))
+        head_dim = int(gf.arch_value("attention.key_length", d_model // n_head))
+        vocab = gf.arch_value("vocab_size")
+        if vocab is None:
+            vocab = len(gf.metadata.get("tokenizer.ggml.tokens", ()))
+        return cls(
+            n_layer=int(gf.arch_value("block_count")),
+            d_model=d_model,
+            n_head=n_head,
+            n_kv_head=int(gf.arch_value("attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            d_ff=int(gf.arch_value("feed_forward_length")),
+            vocab_size=int(vocab),
+            n_ctx_train=int(gf.arch_value("context_length", spec.default_ctx)),
+            rope_base=float(gf.arch_value("rope.freq_base", spec.default_rope_base)),
+            rope_dim=int(gf.arch_value("rope.dimension_count", head_dim)),
+            eps=float(gf.arch_value("attention.layer_norm_rms_epsilon", spec.default_eps)),
+            sliding_window=int(gf.arch_value("attention.sliding_window", 512))
+            if spec.swa_pattern
+            else 0,
+        )
+
+    def is_global(self, layer: int, spec: ArchSpec) -> bool:
+        return not spec.swa_pattern or (layer + 1) % spec.swa_pattern == 0
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Any  # (D,)
+    attn_qkv: Weight  # (Dq + 2 Dkv, D): q, k, v rows fused into one matmul
+    attn_output: Weight  # (D, Dq)
+    ffn_norm: Any
+    ffn_gate_up: Weight  # (2 F, D): gate and up fused
+    ffn_down: Weight  # (D, F)
+    rope: RopeTable  # this layer's table (gemma3: local or global base)
+    window: int = 0  # > 0: sliding-window layer
+    attn_qkv_bias: Any = None  # (Dq + 2 Dkv,)
+    attn_q_norm: Any = None  # (Dh,)
+    attn_k_norm: Any = None
+    post_attention_norm: Any = None  # (D,)
+    post_ffw_norm: Any = None
+
+
+class Prefill:
+    """A chunk of T prompt tokens of one sequence at positions start.. on one slot."""
+
+    def __init__(self, backend: Backend, kv, slot: int, start: int, n: int):
+        self.backend, self.kv, self.slot, self.start = backend, kv, slot, start
+        self.positions = np.arange(start, start + n)
+
+    def linear(self, x, w: Weight):
+        return self.backend.linear_prefill(x, w)
+
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+        return self.backend.attention_prefill(
+            q, k, v, self.kv, layer, self.slot, self.start, scale, window, softcap
+        )
+
+
+class PackedPrefill:
+    """Prompt chunks of several sequences in one pass: their rows stacked for the products
+    and the row-wise ops, attention chunk by chunk on each one's slot and positions.
+
+    Only for a backend whose `linear_prefill` computes an output row from that row of x
+    alone (`Backend.packs_prefill`), for chunks longer than its `prefill_direct_rows`
+    (shorter ones take its row kernel when alone): then every chunk's values are the bits
+    its own `Prefill` pass gives, whatever it is packed with; the gain is one walk over
+    the weights (and one Python pass over the layers) for all of them."""
+
+    def __init__(self, backend: Backend, kv, chunks: Sequence[tuple[int, int, int]]):
+        # chunks: (slot, start, n) in row order
+        self.backend, self.kv, self.chunks = backend, kv, list(chunks)
+        self.positions = np.asarray(
+            [p for _, start, n in self.chunks for p in range(start, start + n)], dtype=np.int64
+        )
+
+    def linear(self, x, w: Weight):
+        return self.backend.linear_prefill(x, w)
+
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+        return self.backend.attention_prefill_packed(
+            q, k, v, self.kv, layer, self.chunks, scale, window, softcap
+        )
+
+
+class Decode:
+    """One new token for each of B sequences: row b at positions[b] on slots[b]."""
+
+    def __init__(self, backend: Backend, kv, slots: Sequence[int], positions: np.ndarray):
+        self.backend, self.kv, self.slots, self.positions = backend, kv, slots, positions
+
+    def linear(self, x, w: Weight):
+        return self.backend.linear(x, w)
+
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+        return self.backend.attention_decode(
+            q, k, v, self.kv, layer, self.slots, self.positions, scale, window, softcap
+        )
+
+
+class DecoderModel:
+    """A decoder-only transformer: weights held by `backend`, run by the shared block.
+
+    `layers` (default: all) makes it one stage of a model split across dies
+    (models/_pipeline.py): it holds only those layers, its KV cache only theirs; the stage
+    holding layer 0 embeds tokens, the one holding the last layer computes logits, and
+    every other entry point takes and returns hidden states (rows, D) instead."""
+
+    def __init__(
+        self, gf: GGUFFile, spec: ArchSpec, source: TensorSource, layers: range | None = None
+    ):
+        self.spec = spec
+        self.backend = be = source.backend
+        self.hp = hp = HParams.from_gguf(gf, spec)
+        if hp.rope_dim != hp.head_dim and not spec.partial_rope:
+            raise ModelLoadError(
+                f"partial RoPE (dim {hp.rope_dim} of {hp.head_dim}) is not supported"
+            )
+        rope_global = be.rope_table(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
+        rope_local = rope_global
+        if spec.local_rope_base:
+            rope_local = be.rope_table(hp.n_ctx_train, hp.rope_dim, spec.local_rope_base)
+        self.rope_tables = [rope_global] if rope_local is rope_global else [rope_global, rope_local]
+
+        layers = range(hp.n_layer) if layers is None else layers
+        if not 0 <= layers.start < layers.stop <= hp.n_layer or layers.step != 1:
+            raise ValueError(f"layers {layers} of a {hp.n_layer}-layer model")
+        self.layer_range = layers
+        self.embeds = layers.start == 0  # tokens in
+        self.heads = layers.stop == hp.n_layer  # logits out
+        # The embedding table on the stage that embeds, and on the one that computes
+        # logits with it (tied embeddings): a split model may hold it twice.
+        tied = not source.has("output.weight")
+        self.tok_embd = (
+            source.matrix("token_embd.weight") if self.embeds or (self.heads and tied) else None
+        )
+        self.layers: list[LayerWeights] = []
+        for i in layers:
+            p = f"blk.{i}."
+            qkv_names = [p + f"attn_{x}.weight" for x in "qkv"]
+            is_global = hp.is_global(i, spec)
+            layer = LayerWeights(
+                attn_norm=source.vector(p + "attn_norm.weight"),
+                attn_qkv=source.matrix(qkv_names),
+                attn_output=source.matrix(p + "attn_output.weight"),
+                ffn_norm=source.vector(p + "ffn_norm.weight"),
+                ffn_gate_up=source.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"]),
+                ffn_down=source.matrix(p + "ffn_down.weight"),
+                rope=rope_global if is_global else rope_local,
+                window=0 if is_global else hp.sliding_window,
+            )
+            if spec.qkv_bias:
+                layer.attn_qkv_bias = source.fused_bias(
+                    [n.replace(".weight", ".bias") for n in qkv_names], qkv_names
+                )
+            if spec.qk_norm != "none":
+                optional = spec.qk_norm == "optional"
+                layer.attn_q_norm = source.vector(p + "attn_q_norm.weight", optional)
+                layer.attn_k_norm = source.vector(p + "attn_k_norm.weight", optional)
+            if spec.sandwich_norms:
+                layer.post_attention_norm = source.vector(p + "post_attention_norm.weight")
+                layer.post_ffw_norm = source.vector(p + "post_ffw_norm.weight")
+            self.layers.append(layer)
+        self.output_norm = self.output = None
+        if self.heads:
+            self.output_norm = source.vector("output_norm.weight")
+            # Tied embeddings: no output.weight in the file means logits use token_embd.
+            output = source.matrix("output.weight", optional=True)
+            self.output = self.tok_embd if output is None else output
+        self.embed_scale = be.dtype.type(math.sqrt(hp.d_model)) if spec.embed_scale else None
+        self.attn_scale = 1.0 / math.sqrt(hp.head_dim)
+        # Tensor types dequantised at load because the backend has no kernel for them
+        # (the reference numpy backend dequantises everything by design: not a fallback).
+        self.fallback_types = {} if be.name == "numpy" else dict(source.fallback)
+        # The whole decode stack as one compiled call where the backend has one (bitwise
+        # the per-op `block`; tests compare the two), else None.
+        self.decode_stack = be.decode_stack(self.layers, hp, spec)
+
+    # ---- what the service asks of a model ----
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights this model holds in its backend's memory."""
+        matrices = {id(w): w for w in (self.tok_embd, self.output) if w is not None}
+        vectors = [] if self.output_norm is None else [self.output_norm]
+        for layer in self.layers:
+            for value in vars(layer).values():
+                if isinstance(value, Weight):
+                    matrices[id(value)] = value
+                elif value is not None and not isinstance(value, (RopeTable, int)):
+                    vectors.append(value)
+        return int(sum(w.nbytes for w in matrices.values()) + sum(v.nbytes for v in vectors))
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int):
+        hp = self.hp
+        n_layer = len(self.layers)
+        return self.backend.make_kv_cache(n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
+
+    def forward(self, tokens, start: int, kv, slot: int, all_logits: bool = False) -> np.ndarray:
+        """Run `tokens` at positions start.. on one slot (a prompt chunk). Returns logits of
+        the last token (V,), or of every token (T, V) with all_logits."""
+        T = len(tokens)
+        self._check_window(start, start + T, kv)
+        step = Prefill(self.backend, kv, slot, start, T)
+        x = self._layers(self._embed(tokens), step)
+        if not self.heads:  # a stage before the last: every row's hidden state goes on
+            return x
+        if not all_logits:
+            x = x[-1:]
+        logits = self._logits(x, step)
+        return logits if all_logits else logits[0]
+
+    def _check_window(self, start: int, end: int, kv) -> None:
+        if end > kv.n_ctx or end > len(self.rope_tables[0]):
+            raise ValueError(f"positions {start}..{end} exceed the KV window {kv.n_ctx}")
+
+    @property
+    def packs_prefill(self) -> bool:
+        """Whether `forward_packed` gives each chunk its own `forward`'s bits here."""
+        return bool(getattr(self.backend, "packs_prefill", False))
+
+    def packable(self, n_tokens: int) -> bool:
+        """A chunk of n_tokens may join a packed pass (see PackedPrefill)."""
+        return self.packs_prefill and n_tokens > self.backend.prefill_direct_rows
+
+    def forward_packed(self, chunks: Sequence[tuple[Sequence[int], int, int]], kv) -> list:
+        """Several sequences' prompt chunks (tokens, start, slot) in one pass; returns each
+        chunk's last-token logits (V,), the bits `forward` gives it alone. Every chunk must
+        be `packable`."""
+        spans = []
+        for tokens, start, slot in chunks:
+            if not self.packable(len(tokens)):
+                raise ValueError(f"a chunk of {len(tokens)} tokens cannot be packed")
+            self._check_window(start, start + len(tokens), kv)
+            spans.append((int(slot), int(start), len(tokens)))
+        step = PackedPrefill(self.backend, kv, spans)
+        x = self._layers(self._embed([t for tokens, _, _ in chunks for t in tokens]), step)
+        last = np.asarray(list(itertools.accumulate(n for _, _, n in spans)), dtype=np.int64) - 1
+        # Alone, a chunk's one last row goes through the backend's row kernel (one row is
+        # under prefill_direct_rows); `linear` is that kernel and batch invariant.
+        rows = Decode(self.backend, kv, [s for s, _, _ in spans], step.positions[last])
+        return list(self._logits(x[last], rows))
+
+    def hidden_states(self, tokens, start: int, kv, slot: int) -> np.ndarray:
+        """The final-normed hidden states (T, D) of a prompt chunk at positions start.. on
+        one slot (its K/V written as `forward` writes them): what embeddings pool. Run a
+        whole token list chunk by chunk on a scratch cache (`make_kv_cache(1, len)`) to
+        keep no KV."""
+        T = len(tokens)
+        self._check_window(start, start + T, kv)
+        step = Prefill(self.backend, kv, slot, start, T)
+        x = self._layers(self._embed(tokens), step)
+        if not self.heads:
+            return x
+        return self.backend.to_host(self.backend.rms_norm(x, self.output_norm, self.hp.eps))
+
+    def forward_decode(
+        self,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        kv,
+        keep_on_device: bool = False,
+    ) -> np.ndarray:
+        """One decode step for B sequences in one pass: token b at positions[b] on slot
+        slots[b]. Returns logits (B, V): on the host, or with keep_on_device as the
+        backend's array (on a GPU they stay there: the sampler runs there too,
+        decoding/device_sampling.py, and only the chosen tokens come back).
+
+        Batch invariant: row b's logits are the same bits whatever else is in the batch
+        (the backend's `linear` and `attention_decode` promise it per row; everything else
+        is elementwise or reduces along a row)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        self.check_positions(pos, kv)
+        return self.decode_rows(tokens, pos, slots, kv, keep_on_device)
+
+    def check_positions(self, positions: np.ndarray, kv) -> None:
+        """A decode step's positions fit the KV window and the RoPE table."""
+        top = positions.max() if len(positions) else 0
+        if top >= kv.n_ctx or top >= len(self.rope_tables[0]):
+            raise ValueError(f"position {top} exceeds the KV window {kv.n_ctx}")
+
+    def decode_rows(self, tokens, positions, slots, kv, keep_on_device: bool = False):
+        """forward_decode past its checks, its inputs passed on as given: host arrays, or
+        the backend's own arrays (a captured CUDA graph's input buffers: nothing here
+        reads them on the host, so the step can be captured; kernels/cuda/graphs.py).
+        A stage before the last takes and returns hidden states instead."""
+        step = Decode(self.backend, kv, slots, positions)
+        x = self._embed(tokens)
+        if self.decode_stack is None:
+            x = self._layers(x, step)
+        else:
+            x = self.decode_stack(x, slots, positions, kv)
+        return self._logits(x, step, keep_on_device)
+
+    # ---- the shared block ----
+
+    def _embed(self, tokens):
+        if not self.embeds:  # a later stage: the previous stage's hidden states
+            return self.backend.adopt(tokens)
+        if isinstance(tokens, list | tuple | np.ndarray):
+            tokens = np.asarray(tokens, dtype=np.int64)  # else the backend's own ids array
+        x = self.backend.embed(self.tok_embd, tokens)  # (n, D)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def _layers(self, x, step):
+        for li, layer in enumerate(self.layers):
+            x = self.block(x, li, layer, step)
+        return x
+
+    def block(self, x, li: int, layer: LayerWeights, step: Prefill | PackedPrefill | Decode):
+        """One decoder layer over n rows (n prompt tokens, or one token per sequence)."""
+        be, hp, spec = self.backend, self.hp, self.spec
+        n = x.shape[0]
+        H, Hkv, Dh = hp.n_head, hp.n_kv_head, hp.head_dim
+        Dq, Dkv = H * Dh, Hkv * Dh
+
+        h = be.rms_norm(x, layer.attn_norm, hp.eps)
+        qkv = step.linear(h, layer.attn_qkv)  # (n, Dq + 2 Dkv)
+        if layer.attn_qkv_bias is not None:
+            qkv += layer.attn_qkv_bias
+        q = qkv[:, :Dq].reshape(n, H, Dh)
+        k = qkv[:, Dq : Dq + Dkv].reshape(n, Hkv, Dh)
+        v = qkv[:, Dq + Dkv :].reshape(n, Hkv, Dh)
+        if layer.attn_q_norm is not None:
+            q = be.rms_norm(q, layer.attn_q_norm, hp.eps)
+            k = be.rms_norm(k, layer.attn_k_norm, hp.eps)
+        q = be.rope(q, step.positions, layer.rope, spec.neox_rope)
+        k = be.rope(k, step.positions, layer.rope, spec.neox_rope)
+        attn = step.attention(q, k, v, li, self.attn_scale, layer.window, spec.attn_softcap)
+        out = step.linear(attn, layer.attn_output)  # (n, D)
+        if layer.post_attention_norm is not None:
+            out = be.rms_norm(out, layer.post_attention_norm, hp.eps)
+        x = x + out
+
+        h = be.rms_norm(x, layer.ffn_norm, hp.eps)
+        gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
+        out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
+        if layer.post_ffw_norm is not None:
+            out = be.rms_norm(out, layer.post_ffw_norm, hp.eps)
+        return x + out
+
+    def _logits(self, x, step, keep_on_device: bool = False) -> np.ndarray:
+        be = self.backend
+        if not self.heads:  # a stage before the last: its hidden states go on
+            return x
+        logits = step.linear(be.rms_norm(x, self.output_norm, self.hp.eps), self.output)  # (n, V)
+        if self.spec.final_softcap > 0:
+            logits = be.softcap(logits, self.spec.final_softcap)
+        return logits if keep_on_device else be.to_host(logits)
+
+
+def load_decoder(
+    gf: GGUFFile,
+    spec: ArchSpec,
+    progress=None,
+    cache=None,
+    backend: Backend | None = None,
+    quantize: bool = False,
+    layers: range | None = None,
+) -> DecoderModel:
+    """Build a DecoderModel of `spec` from `gf` on `backend` (default: the compiled CPU
+    kernels when built, else numpy); `quantize`: float matrices to Q8_0 at load; `layers`:
+    only those (one stage of a split model)."""
+    if backend is None:
+        from kernels import get_backend
+
+        backend = get_backend()
+    source = TensorSource(gf, backend, progress, cache, quantize)
+    return DecoderModel(gf, spec, source, layers)

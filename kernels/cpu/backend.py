@@ -1,0 +1,302 @@
+"""The compiled CPU backend: weights stay in their GGUF blocks, compiled kernels compute
+on them (kernels/cpu/, built into the `kernels._cpu` extension).
+
+Decode (`linear`): one call into C per matrix; the kernel decodes each weight block once
+and multiplies it against every row of the batch, with float32 activations, so a row's
+arithmetic is the same whatever else is in the batch (and however many threads run).
+Prefill (`linear_prefill`): tiles of weight rows dequantised into an L2-sized buffer and
+multiplied by a blocked micro-kernel, on the same thread pool; attention (prefill and
+decode), RMSNorm and RoPE are compiled too. Nothing on this path calls BLAS, so no second
+pool of spinning threads competes for the cores.
+
+PANTHEON_ACTIVATIONS=bfloat16 (opt-in, AVX-512 BF16 CPUs) makes `linear` round x and the
+decoded weights to bfloat16 and sum their products in float32 (vdpbf16ps): about 1.5x the
+float32 product at B = 8, greedy text closer to the float32 reference's than llama.cpp's
+8-bit activations, logits within ~0.2 of it (tests/kernels/cpu/test_bf16_activations.py).
+Prefill chunks of more than four tokens stay float32.
+
+Types without a kernel fall back to the numpy reference's path (float32 at load); the
+model reports which (`DecoderModel.fallback_types`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from kernels.backend import BLOCKS, DENSE
+from kernels.devices import threads
+from kernels.reference.backend import NumpyBackend
+from kernels.weights import Weight, parts_of, stack_parts
+
+log = logging.getLogger("pantheon.engine")
+
+# The compiled activations of the gated FFN (kernels/cpu/decode.h).
+GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+# Prompt chunks at most this long go through the decode kernel (no dequantised tile).
+PREFILL_DIRECT_ROWS = 4
+
+
+# The decode products' activations (kernels/cpu/quants.h): float32 unless the server's
+# PANTHEON_ACTIVATIONS setting asked for bfloat16 (configure_activations, at start) and
+# the CPU has AVX-512 BF16.
+ACTIVATIONS_ENV = "PANTHEON_ACTIVATIONS"
+ACTIVATIONS = ("float32", "bfloat16")
+_requested = {"activations": "float32"}
+
+
+def requested_activations() -> str:
+    return _requested["activations"]
+
+
+def _known(name: str) -> str:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"{ACTIVATIONS_ENV}={name!r}: use float32 or bfloat16")
+    return name
+
+
+def configure_activations(name: str) -> str:
+    """The activations the compiled backend uses from now on (pantheon_site/asgi.py calls
+    this with the setting before any model loads; a backend already built switches at
+    once). Returns what is in use ("float32" where bfloat16 cannot run, or without the
+    compiled kernels)."""
+    _requested["activations"] = _known(name)
+    ext = load_extension()
+    return set_activations(ext, name) if ext is not None else "float32"
+
+
+def set_activations(ext, name: str) -> str:
+    """Ask the kernels for `name`'s products; returns what they use. bfloat16 on a CPU
+    without AVX-512 BF16 stays float32, with a warning in the log (GET / and
+    /admin/models say what is in use): slower, never wrong."""
+    name = _known(name)
+    try:
+        ext.set_activations(name)
+    except ValueError as exc:
+        log.warning("%s=%s not used: %s", ACTIVATIONS_ENV, name, exc)
+    return ext.activations()
+
+
+def load_extension():
+    """The compiled module, or None when it was not built (the caller says so)."""
+    try:
+        from kernels import _cpu
+    except ImportError:
+        return None
+    return _cpu
+
+
+class CpuBackend(NumpyBackend):
+    """numpy arrays on the host, matrices in GGUF block layout, compiled kernels."""
+
+    name = "cpu"
+    packs_prefill = True  # prefill.c: an output's arithmetic depends on x[t], W[r], K only
+    prefill_direct_rows = PREFILL_DIRECT_ROWS
+
+    def __init__(self, ext=None):
+        self.ext = ext if ext is not None else load_extension()
+        if self.ext is None:
+            raise ValueError(
+                "the compiled CPU kernels (kernels._cpu) are not built here: run "
+                "`make setup` (needs a C compiler), or use the numpy backend"
+            )
+        self.qtypes: dict[str, int] = dict(self.ext.QTYPES)
+        self.isa = self.ext.isa()
+        self.ext.set_threads(threads.kernel_threads())
+        set_activations(self.ext, requested_activations())
+
+    @property
+    def activations(self) -> str:
+        """What the decode products round x and W to: "float32" (the default: exact, the
+        float32 reference's tolerances) or "bfloat16" (opt-in, PANTHEON_ACTIVATIONS)."""
+        return self.ext.activations()
+
+    # ---- weights ----
+
+    def storage_for(self, qtype: GGMLQuantizationType) -> str:
+        return BLOCKS if qtype.name in self.qtypes else DENSE
+
+    def dense_weight(self, array: np.ndarray) -> Weight:
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        return Weight("f32", tuple(array.shape), array, {"kid": self.qtypes["F32"]})
+
+    def block_weight(self, blocks, qtype, shape) -> Weight:
+        n, k = int(shape[0]), int(shape[1])
+        if qtype == GGMLQuantizationType.F32:  # already values: the file's map, viewed
+            return self.dense_weight(np.ascontiguousarray(blocks).view(np.float32))
+        blocks = np.ascontiguousarray(blocks)
+        kid = self.qtypes[qtype.name]
+        return Weight(qtype.name, (n, k), blocks, {"qtype": qtype, "kid": kid})
+
+    def stacked_weight(self, parts: list[Weight]) -> Weight:
+        """Stacked matrices (q/k/v, gate/up; of one block type or of several, as Q5_0,
+        Q5_0, Q8_0) as parts, each kept as it was made, never copied."""
+        return stack_parts(parts)
+
+    _parts = staticmethod(parts_of)
+
+    # ---- matmuls ----
+
+    def embed(self, table: Weight, token_ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if table.storage == "f32":
+            return table.data[ids]
+        out = np.empty((len(ids), table.shape[1]), dtype=np.float32)
+        self.ext.dequantize(table.meta["kid"], np.ascontiguousarray(table.data[ids]), out)
+        return out
+
+    def linear(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        for col0, part in self._parts(w):
+            self.ext.linear(part.meta["kid"], part.data, x, out, col0)
+        return out
+
+    def linear_prefill(self, x: np.ndarray, w: Weight) -> np.ndarray:
+        if x.shape[0] <= PREFILL_DIRECT_ROWS:
+            return self.linear(x, w)
+        # Tiles of weight rows dequantised into an L2-sized buffer per thread and
+        # multiplied by every token in C, on the kernels' own pool (no BLAS).
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        for col0, part in self._parts(w):
+            self.ext.linear_prefill(part.meta["kid"], part.data, x, out, col0)
+        return out
+
+    # ---- small ops and attention, compiled ----
+
+    def rms_norm(self, x, weight, eps):
+        shape = x.shape
+        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, shape[-1])
+        out = np.empty_like(x2)
+        self.ext.rms_norm(x2, weight, float(eps), out)
+        return out.reshape(shape)
+
+    def glu(self, gate_up, d_ff: int, activation: str):
+        # Compiled (not numpy's exp/tanh), so the fused decode step's bits are these.
+        gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
+        out = np.empty((gate_up.shape[0], d_ff), dtype=np.float32)
+        if gate_up.shape[1] != 2 * d_ff:
+            raise ValueError(f"glu: gate_up has {gate_up.shape[1]} columns, not 2 x {d_ff}")
+        self.ext.glu(gate_up, GLU_ACTIVATIONS[activation], out)
+        return out
+
+    def rope(self, x, positions, table, neox: bool):
+        out = np.array(x, dtype=np.float32, order="C")  # rotated in place: a fresh copy
+        pos = np.ascontiguousarray(positions, dtype=np.int64)
+        self.ext.rope(out, pos, table.cos, table.sin, bool(neox))
+        return out
+
+    def _attend(self, kernel, q, k, v, kv, layer, where, scale, window, softcap):
+        """Run a compiled attention kernel (it writes k, v into the cache first)."""
+        n, H, Dh = q.shape
+        out = np.empty((n, H * Dh), dtype=np.float32)
+        q, k, v = (np.ascontiguousarray(a, dtype=np.float32) for a in (q, k, v))
+        kernel(
+            q, k, v, kv.k, kv.v, int(layer), *where, float(scale), int(window), float(softcap), out
+        )
+        return out
+
+    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
+        where = (int(slot), int(start))
+        out = self._attend(
+            self.ext.attention_prefill, q, k, v, kv, layer, where, scale, window, softcap
+        )
+        kv.note_written([int(slot)], [int(start) + q.shape[0]])
+        return out
+
+    def attention_decode(
+        self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
+    ):
+        where = (
+            np.ascontiguousarray(slots, dtype=np.int64),
+            np.ascontiguousarray(positions, dtype=np.int64),
+        )
+        out = self._attend(
+            self.ext.attention_decode, q, k, v, kv, layer, where, scale, window, softcap
+        )
+        kv.note_written(where[0], where[1] + 1)
+        return out
+
+    # ---- the fused decode step ----
+
+    def decode_stack(self, layers, hp, spec):
+        """Every layer of a decode step in one C call (kernels/cpu/decode.c), bitwise the
+        per-op path above; None where a layer has what that call does not do (partial
+        RoPE, an activation it lacks)."""
+        if os.environ.get("PANTHEON_CPU_FUSED_DECODE", "1") == "0":
+            return None  # the per-op path, for A/B measurements
+        if spec.activation not in GLU_ACTIVATIONS or not layers:
+            return None
+        for layer in layers:
+            if layer.rope.cos.shape[1] * 2 != hp.head_dim:
+                return None
+            if (layer.attn_q_norm is None) != (layer.attn_k_norm is None):
+                return None
+        keep: list = []
+
+        def vector(v):
+            if v is None:
+                return None
+            v = np.ascontiguousarray(v, dtype=np.float32)
+            keep.append(v)
+            return v
+
+        def matrix(w: Weight):
+            keep.append(w)
+            return [(part.meta["kid"], part.data, col0) for col0, part in self._parts(w)]
+
+        rows = [
+            (
+                vector(layer.attn_norm),
+                vector(layer.ffn_norm),
+                vector(layer.attn_qkv_bias),
+                vector(layer.attn_q_norm),
+                vector(layer.attn_k_norm),
+                vector(layer.post_attention_norm),
+                vector(layer.post_ffw_norm),
+                vector(layer.rope.cos),
+                vector(layer.rope.sin),
+                int(layer.window),
+                matrix(layer.attn_qkv),
+                matrix(layer.attn_output),
+                matrix(layer.ffn_gate_up),
+                matrix(layer.ffn_down),
+            )
+            for layer in layers
+        ]
+        dims = (
+            hp.d_model,
+            hp.n_head,
+            hp.n_kv_head,
+            hp.head_dim,
+            hp.d_ff,
+            float(hp.eps),
+            1.0 / math.sqrt(hp.head_dim),
+            float(spec.attn_softcap),
+            bool(spec.neox_rope),
+            GLU_ACTIVATIONS[spec.activation],
+        )
+        try:
+            plan = self.ext.decode_plan(dims, rows, keep)
+        except ValueError:
+            # Shapes the fused step cannot take (a malformed file): the per-op path runs
+            # it and says what is wrong when it does.
+            return None
+        ext = self.ext
+
+        def run(x, slots, positions, kv) -> np.ndarray:
+            x = np.array(x, dtype=np.float32, order="C")  # a copy, updated in place
+            slots = np.ascontiguousarray(slots, dtype=np.int64)
+            positions = np.ascontiguousarray(positions, dtype=np.int64)
+            ext.decode_layers(plan, x, slots, positions, kv.k, kv.v)
+            kv.note_written(slots, positions + 1)
+            return x
+
+        return run

@@ -1,0 +1,139 @@
+"""The engine process's CPU threads and heap: set once, deliberately.
+
+- BLAS threads. OpenBLAS starts one thread per core and its threads meet at a barrier in
+  every GEMM/GEMV; when another process keeps one core busy, each barrier waits for a
+  preempted thread and a 0.5 s request takes 4-6 s (issue 18; bench/bench_threads.py
+  measures it). `configure(threads)` limits every BLAS library loaded in the process
+  (threadpoolctl) to one pool of `threads`, shared by all loaded models; 0 picks
+  `default_threads()`.
+- Arenas. glibc gives each thread that contends for the heap its own arena (up to 8 per
+  core), and memory freed in one arena is never reused by another: `configure` caps them
+  (M_ARENA_MAX) before the server's threads start.
+- Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back.
+  The engine calls it when it goes idle after work (never on the decode path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger("pantheon.engine")
+
+M_ARENA_MAX = -8  # glibc malloc.h
+ARENA_MAX = 2
+TRIM_EVERY_S = 5.0  # at most one trim per this many seconds (per process)
+
+_lock = threading.Lock()
+_state: dict = {"threads": None, "limiter": None, "last_trim": 0.0}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """One BLAS thread per usable core but one, which is left to the event loop, the
+    request threads and the neighbours: a BLAS barrier is only as fast as its slowest
+    thread, and a thread that shares its core with anything busy makes every matmul
+    wait (bench/RESULTS.md, "BLAS threads under a busy neighbour")."""
+    return max(1, usable_cores() - 1)
+
+
+def configure(threads: int = 0) -> int:
+    """Limit BLAS to `threads` (0: default_threads()) and cap malloc arenas; returns the
+    thread count. Idempotent; a later call with another count changes the limit."""
+    n = threads if threads > 0 else default_threads()
+    # The compiled kernels' pool hands out work from a counter, so a thread whose core a
+    # neighbour holds delays nothing (kernels/cpu/pool.h): by default it takes every core.
+    kernel_n = threads if threads > 0 else usable_cores()
+    with _lock:
+        if _state["threads"] == n and _state.get("kernel_threads") == kernel_n:
+            return n
+        if _state["threads"] != n:
+            _cap_arenas()
+            try:
+                from threadpoolctl import threadpool_limits
+
+                # Not as a context manager: the limit holds for the process from now on.
+                _state["limiter"] = threadpool_limits(limits=n, user_api="blas")
+            except Exception:  # no threadpoolctl or an unknown BLAS: say so, keep serving
+                log.warning("BLAS threads could not be limited to %d", n, exc_info=True)
+            _state["threads"] = n
+        _state["kernel_threads"] = kernel_n
+    _set_kernel_threads(kernel_n)
+    log.info(
+        "engine CPU threads: compiled kernels %d, BLAS limited to %d (of %d usable cores)",
+        kernel_n,
+        n,
+        usable_cores(),
+    )
+    return n
+
+
+def configured() -> int:
+    """The BLAS thread count `configure` set (default_threads() before any call)."""
+    return _state["threads"] or default_threads()
+
+
+def kernel_threads() -> int:
+    """The compiled kernels' pool size `configure` set (every usable core by default)."""
+    return _state.get("kernel_threads") or usable_cores()
+
+
+def _set_kernel_threads(n: int) -> None:
+    """Size the compiled kernels' pool (kernels._cpu, when built)."""
+    try:
+        from kernels import _cpu
+    except ImportError:
+        return
+    _cpu.set_threads(n)
+
+
+def blas_threads() -> list[int]:
+    """The thread counts the loaded BLAS libraries use now (for tests and benches)."""
+    from threadpoolctl import threadpool_info
+
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+def _libc():
+    if not hasattr(_libc, "lib"):
+        name = ctypes.util.find_library("c")
+        try:
+            lib = ctypes.CDLL(name) if name else None
+            if lib is not None and not hasattr(lib, "malloc_trim"):
+                lib = None  # not glibc (musl, macOS): nothing to tune
+        except OSError:
+            lib = None
+        _libc.lib = lib
+    return _libc.lib
+
+
+def _cap_arenas() -> None:
+    lib = _libc()
+    if lib is not None and hasattr(lib, "mallopt"):
+        lib.mallopt(M_ARENA_MAX, ARENA_MAX)
+
+
+def trim(force: bool = False) -> bool:
+    """Hand freed heap pages back to the OS (glibc malloc_trim(0)), at most once per
+    TRIM_EVERY_S unless `force`. Returns whether it trimmed."""
+    lib = _libc()
+    if lib is None:
+        return False
+    now = time.monotonic()
+    with _lock:
+        if not force and now - _state["last_trim"] < TRIM_EVERY_S:
+            return False
+        _state["last_trim"] = now
+    lib.malloc_trim(0)
+    return True

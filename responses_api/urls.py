@@ -1,9 +1,0 @@
-from django.urls import path
-
-from responses_api import views
-
-# Exact paths, no trailing-slash variants: anything else is the JSON 404.
-urlpatterns = [
-    path("v1/responses", views.create_response, name="responses"),
-    path("v1/responses/<str:response_id>", views.response_detail, name="response"),
-]

@@ -1,0 +1,34 @@
+from django.urls import include, path
+
+from wire.anthropic import views as anthropic_views
+from wire.completions import completions, embeddings, tokenize
+from wire.meta import views as meta_views
+from wire.openai_chat import views
+
+# Exact paths, no trailing-slash variants: anything else is the JSON 404. Some clients
+# leave /v1 out of their base URL: /chat/completions and /models are the same routes.
+urlpatterns = [
+    path("", views.HealthView.as_view(), name="health"),
+    path("health", meta_views.LlamaHealthView.as_view(), name="llama-health"),
+    path("v1/models", meta_views.ModelsView.as_view(), name="models"),
+    path("models", meta_views.ModelsView.as_view(), name="models-no-v1"),
+    # <path:>: a served name may contain "/" (org/model names are common).
+    path("v1/models/<path:model_id>", meta_views.ModelView.as_view(), name="model"),
+    path("models/<path:model_id>", meta_views.ModelView.as_view(), name="model-no-v1"),
+    path("v1/chat/completions", views.chat_completions, name="chat-completions"),
+    path("chat/completions", views.chat_completions, name="chat-completions-no-v1"),
+    path("v1/messages", anthropic_views.messages, name="anthropic-messages"),
+    path("v1/messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
+    path("v1/completions", completions.completions, name="completions"),
+    path("v1/embeddings", embeddings.embeddings, name="embeddings"),
+    path("tokenize", tokenize.tokenize, name="tokenize"),  # llama.cpp's
+    path("detokenize", tokenize.detokenize, name="detokenize"),
+    path("", include("wire.responses.urls")),  # /v1/responses, /v1/responses/{id}
+    path("", include("wire.ollama.urls")),  # Ollama's API: /api/chat, /api/tags, ...
+    # Operator test hook; answers the JSON 404 unless PANTHEON_DEBUG_ROUTES is on.
+    path(
+        "admin/debug/simulate-memory-pressure",
+        views.simulate_memory_pressure,
+        name="simulate-memory-pressure",
+    ),
+]
