@@ -24,8 +24,15 @@ from typing import TypeVar
 
 from django.conf import settings
 
-from engine.chat import ChatOptions, PreparedTurn, Turn, prepare_turn, run_turn
-from engine.types import FinishEvent, GenerationFailed
+from engine import (
+    ChatOptions,
+    FinishEvent,
+    GenerationFailed,
+    PreparedTurn,
+    Turn,
+    prepare_turn,
+    run_turn,
+)
 from pantheon_platform import live_settings, tenancy
 from pantheon_platform.errors import ApiError
 from pantheon_platform.metering import TurnRecord, metered, note_turn

@@ -16,11 +16,11 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from engine.chat.turn import InvalidTurn
-from engine.types import (
+from engine import (
     BadSessionBlob,
     ContextOverBudget,
     GenerationFailed,
+    InvalidTurn,
     ServerBusy,
     ServerMemoryConstrained,
     ServerShuttingDown,

@@ -15,8 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from engine.chat import request_usage
-from engine.types import FinishEvent
+from engine import FinishEvent, request_usage
 from pantheon_platform.request_log import SCOPE_KEY
 
 TURNS_KEY = "turns"  # in the access-log dict: the request's TurnRecords, in order

@@ -111,8 +111,7 @@ def model_file_info(path: str | Path) -> ModelFileInfo:
     FileNotFoundError, or ValueError for a file that is not a readable GGUF."""
     from django.conf import settings
 
-    from engine.loading.gguf_file import ModelFileNotFound
-    from engine.serving.service import peek_gguf
+    from engine import ModelFileNotFound, peek_gguf
 
     path = str(path)
     try:

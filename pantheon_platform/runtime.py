@@ -32,9 +32,7 @@ import psutil
 
 import kernels
 import kernels.devices.dies
-from engine.loading.progress import LoadProgress
-from engine.serving.embedding import POOLINGS
-from engine.types import ModelConfig
+from engine import POOLINGS, LoadProgress, ModelConfig
 from pantheon_platform import live_settings
 from pantheon_platform.model_files import (
     ModelFileInfo,
@@ -44,7 +42,7 @@ from pantheon_platform.model_files import (
 )
 
 if TYPE_CHECKING:
-    from engine.serving.service import ModelService
+    from engine import ModelService
 
 log = logging.getLogger("pantheon.runtime")
 
@@ -462,9 +460,7 @@ class Runtime:
                 log.exception("a load hook failed for model %s (the model is loaded)", name)
 
     def _open(self, spec: LoadSpec) -> ModelService:
-        from engine.loading.gguf_file import ModelFileNotFound
-        from engine.serving.service import ModelService
-        from engine.types import ModelLoadError
+        from engine import ModelFileNotFound, ModelLoadError, ModelService
 
         log.info("loading model %s from %s", spec.name, spec.path)
         started = time.monotonic()
@@ -851,7 +847,7 @@ def resolve_chat_template(value: str) -> str:
     ("{%" or "{{" in it), else the file it names inside the model folders. "" stays "".
     Raises PathNotAllowed, NotFound, or InvalidOption (unreadable, too big, or a template
     that does not compile)."""
-    from engine.text.chat_template import ChatTemplate, ChatTemplateError
+    from engine import ChatTemplate, ChatTemplateError
 
     if not value:
         return ""

@@ -10,7 +10,7 @@ hold sessions, for the per-key caps, is sessions/tenancy.py.)
 
 from __future__ import annotations
 
-from engine.serving.sessions import OPEN, SessionKey
+from engine import OPEN, SessionKey
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 
 # A session id, wherever it is sent (the chat routes' session_id / prompt_cache_key, the

@@ -14,8 +14,7 @@ import json
 from django.contrib import admin, messages
 from django.http import HttpResponse
 
-from engine.serving.sessions import SessionKey
-from engine.types import EngineError
+from engine import EngineError, SessionKey
 from pantheon_platform.runtime import get_runtime
 from sessions import records
 from sessions.export import export_body

@@ -52,9 +52,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.serving.session_blob import encode, read_header
-from engine.serving.sessions import OPEN, SessionKey
-from engine.types import BadSessionBlob
+from engine import OPEN, BadSessionBlob, SessionKey, encode_session_blob, read_session_blob_header
 from pantheon_platform import shutdown
 from pantheon_platform.runtime import get_runtime
 from sessions import records, tenancy
@@ -183,7 +181,7 @@ def _spill_locked(svc, folder: Path) -> dict[SessionKey, int]:
         for i, conv in enumerate(by_key[key]):
             path = folder / f"{file_stem(key)}-{i}{SUFFIX}"
             try:
-                write_atomic(path, encode(svc.snapshot(key, conv)), hold_s=hold_s)
+                write_atomic(path, encode_session_blob(svc.snapshot(key, conv)), hold_s=hold_s)
             except Exception:
                 log.exception("cannot spill a conversation of a session to %s", path)
                 continue
@@ -348,7 +346,7 @@ class DurableWriter:
             ref = self._on_disk.get(path)
             if ref is not None and ref() is conv and path.exists():
                 continue  # conversations are immutable: that file holds it already
-            write_atomic(path, encode(svc.snapshot(key, conv)))
+            write_atomic(path, encode_session_blob(svc.snapshot(key, conv)))
             self.wrote(path, conv)
         for path in folder.glob(f"{stem}-*{SUFFIX}"):
             index = _index(path)
@@ -387,7 +385,7 @@ def restore(svc, folder: Path, model_name: str) -> RestoreReport:
         key = None
         try:
             blob = path.read_bytes()
-            header = read_header(blob)
+            header = read_session_blob_header(blob)
             if not header["session_id"]:
                 raise BadSessionBlob("the blob names no session id")
             # Back to its owner: a blob written before namespaces is the open one's.

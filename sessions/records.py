@@ -25,7 +25,7 @@ import threading
 
 from django.db import connections, transaction
 
-from engine.serving.sessions import SessionKey
+from engine import SessionKey
 from pantheon_platform.runtime import get_runtime
 from sessions.models import SessionRecord
 from sessions.spill_files import file_stem

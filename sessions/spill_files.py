@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from engine.serving.sessions import OPEN, SessionKey
+from engine import OPEN, SessionKey
 
 SUFFIX = ".pnkv"
 TEMP_MARK = ".tmp-"  # in the name of a file being written: ".<final name>.tmp-<random>"

@@ -23,9 +23,7 @@ from collections.abc import Callable
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine.serving.service import FALLBACK_PREFILL_TOK_PER_S
-from engine.serving.sessions import SessionKey
-from engine.types import BadSessionBlob
+from engine import FALLBACK_PREFILL_TOK_PER_S, BadSessionBlob, SessionKey
 from pantheon_platform import tenancy
 from pantheon_platform.errors import (
     ApiError,

@@ -110,3 +110,28 @@ def test_the_contracts_name_packages_not_modules():
         for entry in named:
             for name in entry.replace("|", ":").split(":"):
                 assert "." not in name.strip(), (contract["id"], name)
+
+
+# --- the engine's public surface (engine/__init__.py) ------------------------------------
+APPS = ("wire", "pantheon_platform", "pantheon_site", "operators", "sessions", "cluster", "access", "observability")
+
+
+def test_outside_the_engine_nothing_imports_deeper_than_its_surface():
+    import engine
+
+    for package in APPS:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            deep = {m for m in _imports(tree) if m.startswith("engine.")}
+            assert not deep, f"{path.relative_to(REPO_ROOT)} imports {deep}: use `from engine import`"
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "engine":
+                    missing = {a.name for a in node.names} - set(engine.__all__)
+                    assert not missing, f"{path.relative_to(REPO_ROOT)}: engine has no {missing}"
+
+
+def test_every_name_of_the_engines_surface_resolves():
+    import engine
+
+    for name in engine.__all__:
+        assert getattr(engine, name) is not None, name

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 
-from engine.tools.dialects import ArgumentsDelta, CallOpened
-from engine.types import ContextOverBudget, FinishEvent, TokenEvent, Usage
+from engine import ArgumentsDelta, CallOpened, ContextOverBudget, FinishEvent, TokenEvent, Usage
 from pantheon_platform.errors import (
     ApiError,
     anthropic_error_body,

@@ -15,8 +15,7 @@ from dataclasses import replace
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine.chat import prepare_turn
-from engine.types import FinishEvent, GenerationFailed, TokenEvent
+from engine import FinishEvent, GenerationFailed, TokenEvent, prepare_turn
 from pantheon_platform import shutdown, tenancy
 from pantheon_platform.chat_http import (
     StartedTurn,

@@ -23,8 +23,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
-from engine.chat import Turn, collect
-from engine.types import (
+from engine import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
@@ -34,6 +33,8 @@ from engine.types import (
     GenerationFailed,
     SamplingParams,
     TokenEvent,
+    Turn,
+    collect,
 )
 from pantheon_platform import shutdown
 from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline

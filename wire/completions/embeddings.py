@@ -18,8 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
-from engine.text.tokenizer import TooManyTokens
-from engine.types import ContextOverBudget
+from engine import ContextOverBudget, TooManyTokens
 from pantheon_platform import shutdown
 from pantheon_platform.chat_http import off_loop, turn_deadline
 from pantheon_platform.errors import (

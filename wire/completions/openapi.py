@@ -6,7 +6,7 @@ pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."
 
 from __future__ import annotations
 
-from engine.types import MAX_CHOICES, MAX_TOKENS_CLAMP
+from engine import MAX_CHOICES, MAX_TOKENS_CLAMP
 from pantheon_platform.openapi import (
     BOOL,
     FINITE,

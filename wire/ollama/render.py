@@ -12,14 +12,15 @@ from datetime import UTC, datetime
 
 from django.http import StreamingHttpResponse
 
-from engine.chat import CallJoiner, ToolCall
-from engine.types import (
+from engine import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
+    CallJoiner,
     ContextOverBudget,
     FinishEvent,
     TokenEvent,
+    ToolCall,
 )
 from pantheon_platform.errors import ApiError, api_error_from, json_response
 

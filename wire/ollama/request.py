@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from engine.chat.turn import Turn
-from engine.types import (
+from engine import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
     MAX_TOKENS_CLAMP,
     SamplingParams,
+    Turn,
 )
 from pantheon_platform.durations import DURATION_MAX_CHARS, parse_duration
 from pantheon_platform.errors import invalid_request

@@ -15,8 +15,7 @@ import secrets
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine.text.tokenizer import TooManyTokens
-from engine.types import ContextOverBudget, FinishEvent, GenerationFailed, TokenEvent
+from engine import ContextOverBudget, FinishEvent, GenerationFailed, TokenEvent, TooManyTokens
 from pantheon_platform import shutdown
 from pantheon_platform.chat_http import (
     StartedTurn,

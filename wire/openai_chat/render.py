@@ -11,21 +11,19 @@ from dataclasses import dataclass
 
 from django.http import HttpResponse, JsonResponse
 
-from engine.chat import (
-    ToolCall,
-    Turn,
-    TurnResult,
-    collect,
-    request_usage,
-    worst_format_status,
-)
-from engine.tools.dialects import CallOpened
-from engine.types import (
+from engine import (
+    CallOpened,
     ContextOverBudget,
     FinishEvent,
     GenerationFailed,
     TokenEvent,
+    ToolCall,
+    Turn,
+    TurnResult,
     Usage,
+    collect,
+    request_usage,
+    worst_format_status,
 )
 from pantheon_platform.errors import api_error_from, json_response
 from pantheon_platform.sse import DONE, EventStreamResponse, sse_data

@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from engine.types import (
+from engine import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,

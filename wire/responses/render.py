@@ -15,8 +15,7 @@ import re
 import secrets
 import time
 
-from engine.tools.dialects import ArgumentsDelta, CallOpened
-from engine.types import FinishEvent, TokenEvent, Usage
+from engine import ArgumentsDelta, CallOpened, FinishEvent, TokenEvent, Usage
 
 # finish_reason -> (response status, incomplete_details.reason or None)
 INCOMPLETE = {"length": "max_output_tokens"}

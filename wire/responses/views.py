@@ -28,8 +28,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine.chat import InvalidTurn, Turn
-from engine.types import FinishEvent, GenerationFailed, SessionCapacity
+from engine import FinishEvent, GenerationFailed, InvalidTurn, SessionCapacity, Turn
 from pantheon_platform import shutdown, tenancy
 from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
 from pantheon_platform.errors import (
