@@ -19,11 +19,10 @@ from django.utils.html import format_html
 
 from operators import files
 from operators.models import Alias, ModelConfig
-from operators.rows import dies_listing
 from operators.serializers import load_spec
 from operators.store import spec_of
 from pantheon_platform.model_files import allowed_model_path
-from pantheon_platform.runtime import FAILED, NotFound, OperatorError, get_runtime
+from pantheon_platform.runtime import FAILED, NotFound, OperatorError, dies_listing, get_runtime
 
 
 def _bytes(n: int) -> str:
@@ -235,7 +234,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Accelerator dies",
-            "dies": dies_listing(get_runtime()),
+            "dies": dies_listing(),
         }
         return TemplateResponse(request, "admin/operators/modelconfig/dies.html", context)
 

@@ -22,7 +22,7 @@ OPTIONS = (
 
 
 def spec_of(row: ModelConfig) -> LoadSpec:
-    return LoadSpec(
+    return LoadSpec.of(
         name=row.name,
         dies=tuple(row.dies or ()),
         pinned=row.pinned,
@@ -78,7 +78,7 @@ class DatabaseStore(Store):
 def _fields(spec: LoadSpec) -> dict:
     return {
         "name": spec.name,
-        "dies": list(spec.dies),
+        "dies": list(spec.config.dies),
         "pinned": spec.pinned,
-        **{key: getattr(spec, key) for key in OPTIONS},
+        **{key: getattr(spec.config, key) for key in OPTIONS},
     }

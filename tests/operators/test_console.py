@@ -38,7 +38,7 @@ def test_the_console_needs_a_login():
 
 
 def test_the_change_list_shows_live_status(console, db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf", ctx_cap=100_000))
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf", ctx_cap=100_000))
     ModelConfig.objects.create(name="idle", path=str(model_dir / "other.gguf"))
     ModelConfig.objects.create(
         name="broken", path=str(model_dir / "x.gguf"), last_error="model file not found: x.gguf"
@@ -144,13 +144,13 @@ def test_a_config_path_outside_the_model_folders_is_refused(console, db_rt, mode
 
 
 def test_a_loaded_model_cannot_be_deleted(console, db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf"))
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf"))
     row = ModelConfig.objects.get(name="chat")
     assert console.get(f"{CHANGELIST}{row.pk}/delete/").status_code == 403
 
 
 def test_aliases_go_through_the_registry(console, db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf"))
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf"))
     response = console.post("/console/operators/alias/add/", {"alias": "gpt-4o", "target": "chat"})
     assert response.status_code == 302
     assert db_rt.resolve("gpt-4o")[0] == "chat"

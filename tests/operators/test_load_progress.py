@@ -94,7 +94,7 @@ def step_through(gate: Gate, thread: threading.Thread, check) -> list[LoadProgre
 def test_admin_models_and_health_show_each_step_of_a_load(rt, model_dir, api):
     gate = Gate()
     rt.add_progress_hook(gate)
-    thread, errors = start_load(rt, LoadSpec(name="tiny", path="tiny.gguf", max_sessions=2))
+    thread, errors = start_load(rt, LoadSpec.of(name="tiny", path="tiny.gguf", max_sessions=2))
 
     def check(progress: LoadProgress) -> None:
         rows = {r["id"]: r for r in api.get("/admin/models").json()["data"]}
@@ -170,7 +170,7 @@ def test_the_console_draws_a_progress_bar_while_a_model_loads(db_rt, model_dir, 
     ModelRow.objects.create(name="tiny", path=str(model_dir / "tiny.gguf"))
     gate = Gate()
     db_rt.add_progress_hook(gate)
-    thread, errors = start_load(db_rt, LoadSpec(name="tiny", path="tiny.gguf"))
+    thread, errors = start_load(db_rt, LoadSpec.of(name="tiny", path="tiny.gguf"))
     values = []
 
     def check(progress: LoadProgress) -> None:

@@ -20,8 +20,8 @@ def restart() -> Runtime:
 
 
 def test_loads_unloads_pins_and_aliases_are_recorded(db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf", ctx_cap=128, max_sessions=2, pinned=True))
-    db_rt.load(LoadSpec(name="second", path="other.gguf"))
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf", ctx_cap=128, max_sessions=2, pinned=True))
+    db_rt.load(LoadSpec.of(name="second", path="other.gguf"))
     db_rt.set_alias("gpt-4o", "chat")
 
     row = ModelConfig.objects.get(name="chat")
@@ -40,8 +40,8 @@ def test_loads_unloads_pins_and_aliases_are_recorded(db_rt, model_dir):
 
 def test_an_eviction_is_recorded_as_an_unload(db_rt, model_dir, settings):
     settings.PANTHEON_MAX_LOADED_MODELS = 1
-    db_rt.load(LoadSpec(name="old", path="tiny.gguf"))
-    db_rt.load(LoadSpec(name="new", path="tiny.gguf"))
+    db_rt.load(LoadSpec.of(name="old", path="tiny.gguf"))
+    db_rt.load(LoadSpec.of(name="new", path="tiny.gguf"))
     assert dict(ModelConfig.objects.values_list("name", "should_load")) == {
         "old": False,
         "new": True,
@@ -50,8 +50,8 @@ def test_an_eviction_is_recorded_as_an_unload(db_rt, model_dir, settings):
 
 def test_a_restart_loads_what_was_loaded_with_its_pins_and_aliases(db_rt, model_dir, settings):
     settings.PANTHEON_MODELS = [{"name": "from-env", "path": str(model_dir / "tiny.gguf")}]
-    db_rt.load(LoadSpec(name="kept", path="tiny.gguf", ctx_cap=64, pinned=True))
-    db_rt.load(LoadSpec(name="dropped", path="other.gguf"))
+    db_rt.load(LoadSpec.of(name="kept", path="tiny.gguf", ctx_cap=64, pinned=True))
+    db_rt.load(LoadSpec.of(name="dropped", path="other.gguf"))
     db_rt.unload("dropped")
     db_rt.set_alias("fast", "kept")
     db_rt.close()

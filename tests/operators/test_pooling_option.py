@@ -40,4 +40,4 @@ def test_the_store_keeps_the_pooling_for_the_next_start(api, db_rt, model_dir):
 
     response = api.post(LOAD, {"path": "tiny.gguf", "name": "cls", "pooling": "cls"})
     assert response.status_code == 200, response.content
-    assert spec_of(ModelConfig.objects.get(name="cls")).pooling == "cls"
+    assert spec_of(ModelConfig.objects.get(name="cls")).config.pooling == "cls"
