@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from operators.models import ModelConfig
+from operators.models import ServedModel
 from operators.store import DatabaseStore
 from pantheon_platform.runtime import MAX_CHAT_TEMPLATE_BYTES, LoadSpec, Runtime
 from tests.operators.helpers import error_of
@@ -104,11 +104,11 @@ def test_a_non_string_template_is_400(api, rt, model_dir):
 
 
 def test_the_engine_refuses_a_template_that_does_not_compile(model_dir):
+    from engine import ModelConfig
     from engine.serving.service import ModelService
-    from engine.types import ModelConfig as EngineConfig
     from engine.types import ModelLoadError
 
-    config = EngineConfig(name="x", path=str(model_dir / "tiny.gguf"), chat_template="{% if %}")
+    config = ModelConfig(name="x", path=str(model_dir / "tiny.gguf"), chat_template="{% if %}")
     with pytest.raises(ModelLoadError, match="chat_template"):
         ModelService.load(config)
 
@@ -118,8 +118,8 @@ def test_a_restart_keeps_the_option_and_reads_the_file_again(db_rt, model_dir):
     template.write_text(THINK_TEMPLATE)
     db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf", chat_template="chat.jinja"))
     db_rt.load(LoadSpec.of(name="inline", path="tiny.gguf", chat_template=THINK_TEMPLATE))
-    assert ModelConfig.objects.get(name="chat").chat_template == "chat.jinja"
-    assert ModelConfig.objects.get(name="inline").chat_template == THINK_TEMPLATE
+    assert ServedModel.objects.get(name="chat").chat_template == "chat.jinja"
+    assert ServedModel.objects.get(name="inline").chat_template == THINK_TEMPLATE
     assert db_rt.services()["chat"].template.source == THINK_TEMPLATE
     db_rt.close()
 

@@ -25,10 +25,10 @@ from engine.loading.progress import (
 )
 from engine.serving.service import ModelService
 from engine.types import ModelConfig
-from operators.models import ModelConfig as ModelRow
+from operators.models import ServedModel
 from pantheon_platform.runtime import LoadSpec
 
-CHANGELIST = "/console/operators/modelconfig/"
+CHANGELIST = "/console/operators/servedmodel/"
 GATE_TIMEOUT_S = 120  # a held load goes on by itself after this (a test that never came back)
 
 
@@ -167,7 +167,7 @@ def test_the_console_draws_a_progress_bar_while_a_model_loads(db_rt, model_dir, 
 
     client = Client()
     client.force_login(console_user)
-    ModelRow.objects.create(name="tiny", path=str(model_dir / "tiny.gguf"))
+    ServedModel.objects.create(name="tiny", path=str(model_dir / "tiny.gguf"))
     gate = Gate()
     db_rt.add_progress_hook(gate)
     thread, errors = start_load(db_rt, LoadSpec.of(name="tiny", path="tiny.gguf"))
