@@ -10,11 +10,17 @@ from __future__ import annotations
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-import kernels
-from kernels.devices.graphs import SUMMARY_KEYS
 from pantheon_platform import live_settings, shutdown
 from pantheon_platform.errors import ApiError
-from pantheon_platform.runtime import FAILED, LOADING, UNLOADING, build_id, get_runtime
+from pantheon_platform.runtime import (
+    FAILED,
+    GRAPH_SUMMARY_KEYS,
+    LOADING,
+    UNLOADING,
+    backend_name,
+    build_id,
+    get_runtime,
+)
 
 
 def model_row(name: str, svc) -> dict:
@@ -36,7 +42,7 @@ def model_row(name: str, svc) -> dict:
         row["context_window"] = svc.context_window
     graphs = svc.graphs
     if graphs:  # decode steps through CUDA-graph slots, once one was exercised
-        row["graphs"] = {k: graphs[k] for k in SUMMARY_KEYS}
+        row["graphs"] = {k: graphs[k] for k in GRAPH_SUMMARY_KEYS}
     attention = svc.attention
     if attention:  # a model on dies, once a pass has reached its layers
         row["attention"] = {k: attention[k] for k in ("ondie", "host", "total")}
@@ -50,7 +56,7 @@ class ModelsView(APIView):
         services = get_runtime().services()
         data = [model_row(name, svc) for name, svc in sorted(services.items())]
         return Response(
-            {"object": "list", "backend": kernels.backend_name(), "build": build_id(), "data": data}
+            {"object": "list", "backend": backend_name(), "build": build_id(), "data": data}
         )
 
 

@@ -15,7 +15,6 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-import kernels
 from pantheon_platform import shutdown
 from pantheon_platform.chat_http import off_loop, start_turn, turn_deadline
 from pantheon_platform.errors import (
@@ -26,16 +25,12 @@ from pantheon_platform.errors import (
     not_found,
     shutting_down,
 )
-from pantheon_platform.runtime import FAILED, build_id, get_runtime
+from pantheon_platform.runtime import FAILED, build_id, device_facts, get_runtime
 from pantheon_platform.strict_json import parse_json_object
 from wire.openai_chat import render as openai_chat
 from wire.openai_chat.request import validated_chat_request
 
 log = logging.getLogger("pantheon.http")
-
-
-def _backend_setting() -> str:
-    return getattr(settings, "PANTHEON_ENGINE_OPTIONS", {}).get("backend", "auto")
 
 
 class HealthView(APIView):
@@ -44,24 +39,23 @@ class HealthView(APIView):
     def get(self, request):
         services = get_runtime().services()
         states = get_runtime().states()
+        device = device_facts()
         body = {
             "service": "pantheon",
             "status": "ok",
-            "backend": kernels.backend_name(),
+            "backend": device.backend,
             # The compiled CPU kernels, or "numpy" when they could not be built: said, not
             # silent (each model's row says what it loaded with).
-            "kernel": kernels.kernel_name(_backend_setting()),
+            "kernel": device.kernel,
             "build": build_id(),
             "accelerator": any(svc.on_accelerator for svc in services.values()),
-            "dies_visible": kernels.dies_visible(),
+            "dies_visible": device.dies_visible,
             "models": {name: s.state for name, s in states.items()},
         }
-        isa = kernels.kernel_isa(_backend_setting())
-        if isa:
-            body["kernel_isa"] = isa
-        activations = kernels.kernel_activations(_backend_setting())
-        if activations:
-            body["kernel_activations"] = activations
+        if device.kernel_isa:
+            body["kernel_isa"] = device.kernel_isa
+        if device.kernel_activations:
+            body["kernel_activations"] = device.kernel_activations
         load_errors = {name: s.error for name, s in states.items() if s.state == FAILED}
         if load_errors:
             body["load_errors"] = load_errors
