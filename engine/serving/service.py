@@ -71,7 +71,8 @@ from .scheduler import (
 from .session_blob import KVLayout, SessionSnapshot
 from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
-from .sessions import Conversation, Resume, SessionInfo, SessionKey, SessionTable
+from .session_key import SessionKey
+from .sessions import Conversation, Resume, SessionInfo, SessionTable
 from .slot_cache import SlotContents
 
 log = logging.getLogger("pantheon.engine.service")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.serving.sessions import Conversation, SessionKey, SessionTable
+from engine.serving.session_key import SessionKey
+from engine.serving.sessions import Conversation, SessionTable
 from engine.types import GenerationRequest, SamplingParams, SessionCapacity
 from tests.support import generate_text
 
