@@ -33,7 +33,8 @@ a cache and nothing more: idle, one is dropped after `implicit_ttl_s`; it takes 
 free slot (in the table and in its namespace: its own key's cap); a new explicit id that
 finds no free slot evicts implicit ones first, least recently used, idle before busy, so
 no key's implicit state makes anyone's explicit session wait; and `durable` leaves it
-out of what is written to disk. An explicit turn on an implicit id makes it explicit.
+out of what is written to disk. An explicit turn on an implicit id, or a restore into
+it, makes it explicit.
 
 Matching: a turn resumes from the conversation sharing the longest token prefix with its
 prompt (at least one prompt token is always computed, for the logits). When the turn
@@ -262,6 +263,7 @@ class SessionTable:
             evicted = []
             if session is None:
                 session, evicted = self._new_locked(key, False)
+            session.implicit = False  # a restore is the client's own doing
             session.last_used = self.clock()
             self._add_locked(
                 session, conversation, _furthest(session.conversations, conversation.tokens)

@@ -125,7 +125,7 @@ def test_an_idle_implicit_session_is_dropped_after_its_own_short_ttl(clock):
     assert SessionKey("mine", "key:a") in table  # the table's TTL: twelve hours
 
 
-def test_an_explicit_turn_makes_an_implicit_id_explicit(clock):
+def test_an_explicit_turn_or_a_restore_makes_an_implicit_id_explicit(clock):
     table = SessionTable(2, implicit_ttl_s=300, clock=clock)
     key = implicit_in("key:a")
     turn(table, key, implicit=True)
@@ -134,6 +134,10 @@ def test_an_explicit_turn_makes_an_implicit_id_explicit(clock):
     assert held(table) == {("key:a", "pantheon-responses", False)}
     clock.now += 301
     assert table.reap() == [] and table.durable(key)
+    other = implicit_in("key:b")
+    turn(table, other, implicit=True)
+    table.install(other, conv(7, 8))  # a restore (POST /session/restore): the client's
+    assert ("key:b", "pantheon-responses", False) in held(table)
 
 
 def test_implicit_sessions_are_never_durable(clock):
