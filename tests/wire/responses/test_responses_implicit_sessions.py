@@ -91,6 +91,10 @@ async def test_four_keys_responses_leave_every_explicit_session_a_slot(app, svc)
         headers=bearer(probes[3]),
     )
     refused.error(429, "model_at_session_capacity")
+    # With no slot left for it, an implicit session is not refused: it runs uncached.
+    body = await respond(app, probes[3], ask("Say 3."))
+    assert body["usage"]["input_tokens_details"]["cached_tokens"] == 0
+    assert not [s for s in held(svc) if s[2]]
 
 
 async def key_ids(secrets: list[str]) -> list[int]:
