@@ -67,8 +67,8 @@ _EXPORTS: dict[str, str] = {
     "FALLBACK_PREFILL_TOK_PER_S": "engine.serving.service",
     "ModelService": "engine.serving.service",
     "peek_gguf": "engine.serving.service",
-    "OPEN": "engine.serving.sessions",
-    "SessionKey": "engine.serving.sessions",
+    "OPEN": "engine.serving.session_key",
+    "SessionKey": "engine.serving.session_key",
     "POOLINGS": "engine.serving.embedding",
     # one conversation's KV as bytes (exported, spilled, restored)
     "encode_session_blob": "engine.serving.session_blob:encode",
