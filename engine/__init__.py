@@ -54,8 +54,8 @@ _EXPORTS: dict[str, str] = {
     "run_turn": "engine.chat.core",
     "worst_format_status": "engine.chat.core",
     # tool calls as they stream
-    "ArgumentsDelta": "engine.tools.dialects",
-    "CallOpened": "engine.tools.dialects",
+    "ArgumentsDelta": "engine.tools.dialects.calls",
+    "CallOpened": "engine.tools.dialects.calls",
     # text
     "TooManyTokens": "engine.text.tokenizer",
     "ChatTemplate": "engine.text.chat_template",

@@ -112,7 +112,7 @@ class GenerationRequest:
     think_style: bool = False
     think_open: bool = False
     reasoning_budget: int = 0  # reasoning tokens before `</think>` is forced; <= 0: none
-    # response_format: the compiled plan (constraints.ConstraintPlan) or None, and the
+    # response_format: the compiled plan (response_format.ConstraintPlan) or None, and the
     # status to report when the request sent one (None: it did not).
     constraint: object = None
     format_status: str | None = None

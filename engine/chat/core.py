@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from ..decoding.constraints import plan_response_format
+from ..decoding.response_format import plan_response_format
 from ..text.chat_template import ChatTemplateError
 from ..text.tokenizer import TooManyTokens
 from ..tools.dialects import ArgumentsDelta, CallOpened, ToolSpec, parse_tools
