@@ -22,6 +22,7 @@ lifecycle (Runtime: start-up, load, unload), devices (what the kernels say), dja
 from __future__ import annotations
 
 from engine import POOLINGS
+from pantheon_platform import live_settings
 from pantheon_platform.runtime.build import build_id
 from pantheon_platform.runtime.devices import (
     GRAPH_SUMMARY_KEYS,
@@ -31,7 +32,11 @@ from pantheon_platform.runtime.devices import (
     device_facts,
     dies_listing,
 )
-from pantheon_platform.runtime.django_settings import configured_models, default_options
+from pantheon_platform.runtime.django_settings import (
+    configured_models,
+    default_options,
+    push_queue_limits,
+)
 from pantheon_platform.runtime.errors import (
     Conflict,
     InsufficientMemory,
@@ -109,3 +114,10 @@ def get_runtime() -> Runtime:
     call (never bound at import), so a registry a test puts in place is the one every
     view, consumer and background task sees."""
     return _runtime
+
+
+def _push_queue_limits(changed: set[str]) -> None:
+    push_queue_limits(changed, get_runtime().instances())
+
+
+live_settings.on_change(_push_queue_limits)

@@ -46,21 +46,17 @@ def queue_limits() -> dict:
     }
 
 
-def _push_queue_limits(changed: set[str]) -> None:
+def push_queue_limits(changed: set[str], instances) -> None:
     """A changed queue depth or timeout reaches every loaded model at once: the next
-    request is admitted (or refused) by it."""
-    from pantheon_platform.runtime import get_runtime
-
+    request is admitted (or refused) by it. (Registered by the package, which owns the
+    registry: see pantheon_platform/runtime/__init__.py.)"""
     if not changed & {"queue_depth", "queue_timeout_s"}:
         return
     limits = queue_limits()
-    for info in get_runtime().instances():
+    for info in instances:
         set_limits = getattr(info.svc, "set_queue_limits", None)  # tests' stand-ins lack it
         if set_limits is not None:
             set_limits(limits["queue_depth"], limits["queue_timeout_s"])
-
-
-live_settings.on_change(_push_queue_limits)
 
 
 def hold_load_for_test(name: str) -> None:
