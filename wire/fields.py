@@ -226,6 +226,23 @@ class Array(Kind):
 
 
 @dataclass(frozen=True)
+class AnyOf(Kind):
+    """One of several shapes (a string or an array of items, ...), read by the format's
+    `reader(value, path)` when given."""
+
+    options: tuple[Kind | dict, ...]
+    reader: Callable[[object, str], object] | None = None
+
+    def read(self, value, path, wording):
+        return value if self.reader is None else self.reader(value, path)
+
+    def schema(self) -> dict:
+        return {
+            "anyOf": [o.schema() if isinstance(o, Kind) else copy.deepcopy(o) for o in self.options]
+        }
+
+
+@dataclass(frozen=True)
 class Field:
     """One member of a body: its name, kind, and how the schema shows it."""
 
@@ -290,16 +307,20 @@ class Table:
 
 @dataclass(frozen=True)
 class Object(Kind):
-    """A nested object of fields: read checks it is an object, then (`nested`) reads its
-    fields into a dict; else returns it as is, for its fields to be read later."""
+    """A nested object of fields: read checks it is an object, then hands it to
+    `reader(value, path)` when given, else (`nested`) reads its fields into a dict, else
+    returns it as is, for its fields to be read later."""
 
     table: Table
     additional: bool | None = None  # the schema's additionalProperties, when it says
     nested: bool = True
+    reader: Callable[[dict, str], object] | None = None
 
     def read(self, value, path, wording):
         if not isinstance(value, dict):
             raise wording.wrong_type(path, "an object", value)
+        if self.reader is not None:
+            return self.reader(value, path)
         return self.table.read(value, prefix=f"{path}.") if self.nested else value
 
     def schema(self) -> dict:
