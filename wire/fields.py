@@ -3,10 +3,11 @@ fields, and each field both checks a JSON value (in its format's wording) and de
 itself as a JSON Schema fragment, so /openapi.json shows the bounds the parser enforces.
 
 A field's kind is a scalar (String, Boolean, Integer, Number), an Object of fields, an
-Array, or a Shape: a schema written out beside the format's own function that reads the
-value (a conversation, a tool list: what the format maps, not just checks). A field that
-is absent or null reads as its default; "required" is the schema's word, each format
-saying in its own words what is missing.
+Array, AnyOf several shapes, or a Shape: a schema written out. The last four may carry
+the format's own reader (a conversation, a tool list: what the format maps, not just
+checks). A field that is absent or null reads as its default; "required" is the
+schema's word, each format saying in its own words what is missing. A table is read in
+its order or field by field, so the first fault answered stays the one it always was.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from pantheon_platform.errors import ApiError, invalid_request
+from pantheon_platform.openapi import nullable
 from pantheon_platform.strict_json import INT64_BOUND, json_kind
 
 
@@ -47,11 +49,6 @@ RESPONSES = Wording(
     non_finite=None,
     integer_range_split=True,
 )
-
-
-def nullable(schema: dict) -> dict:
-    """`schema` or null (JSON Schema 2020-12: OpenAPI 3.1 has no `nullable`)."""
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 class Kind:
