@@ -206,12 +206,8 @@ def _tools(value: object, path: str) -> tuple[dict, ...]:
                 f"{where}.input_schema: expected a JSON schema object", f"{where}.input_schema"
             )
         function: dict = {"name": name, "parameters": schema}
-        description = tool.get("description")
+        description = TOOL.value(tool, "description", f"{where}.")
         if description is not None:
-            if not isinstance(description, str):
-                raise invalid_request(
-                    f"{where}.description: expected a string", f"{where}.description"
-                )
             function["description"] = description
         out.append({"type": "function", "function": function})
     return tuple(out)
@@ -260,11 +256,14 @@ def _member(name: str, kind, required: bool = False, description: str | None = N
     return Field(name, kind, required=required, nullable=False, description=description)
 
 
+# Anthropic words what a nested field holds without naming the kind that came.
+_NESTED = Wording(says_kind=False)
 TOOL = Table(
     _member("type", Shape({"const": "custom"})),
     _member("name", String(min_length=1), True),
     _member("description", _STRING),
     _member("input_schema", _OBJECT, True),
+    wording=_NESTED,
 )
 TOOL_CHOICE = Table(
     _member("type", Shape({"enum": list(TOOL_CHOICES)}), True),
@@ -288,8 +287,7 @@ OUTPUT_CONFIG = Table(
     ),
     _member("effort", Shape({}), description="Accepted, not used."),
 )
-# Anthropic words what a nested field holds without naming the kind that came.
-METADATA = Table(Field("user_id", _IDENT), wording=Wording(says_kind=False))
+METADATA = Table(Field("user_id", _IDENT), wording=_NESTED)
 
 # /v1/messages/count_tokens' body; /v1/messages' adds sampling (REQUEST).
 COUNT = Table(
