@@ -46,6 +46,7 @@ from pathlib import Path
 import httpx
 from wire_snapshot_steps import GGUF, KEY, MODEL, STEPS
 
+STEP_TIMEOUT_S = 180  # the longest step generates 48 tokens with a 135M model
 LOAD_TIMEOUT_S = 600  # a cold GGUF parse on a busy machine can take a while
 HEADERS_KEPT = (
     "content-type access-control-allow-origin www-authenticate retry-after allow cache-control "
@@ -68,10 +69,18 @@ SERVER_ENV = {
 
 # What the server's interpreter runs: drop the editable finder, print where pantheon_site
 # comes from (the proof that DIR's code is served), then Daphne's own command line.
+# At exit it prints the modules it imported from outside the tree and the interpreter's own
+# folders (the venv, the standard library): none may come from another checkout.
 LAUNCHER = """
-import importlib.util, sys
+import atexit, importlib.util, json, os, sys
 sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
 print("WIRE_SNAPSHOT_ORIGIN", importlib.util.find_spec("pantheon_site").origin, flush=True)
+def foreign():
+    own = tuple(p + os.sep for p in {os.getcwd(), sys.prefix, sys.base_prefix, sys.exec_prefix})
+    files = {getattr(m, "__file__", None) or "" for m in list(sys.modules.values())}
+    found = sorted(f for f in files if f.startswith(os.sep) and not f.startswith(own))
+    print("WIRE_SNAPSHOT_FOREIGN", json.dumps(found), flush=True)
+atexit.register(foreign)
 from daphne.cli import CommandLineInterface
 sys.argv[0] = "daphne"
 CommandLineInterface.entrypoint()
@@ -256,7 +265,7 @@ def prove_origin(proc, tree: Path, log: Path) -> dict:
     """Where the server process took its code from: the launcher's line for pantheon_site,
     and the compiled kernels it has mapped (/proc/PID/maps). Both must lie in the tree."""
     lines = log.read_text().splitlines()
-    origin = next((ln.split(" ", 1)[1] for ln in lines if ln.startswith("WIRE_SNAPSHOT_")), "?")
+    origin = next((ln.split(" ", 1)[1] for ln in lines if ln.startswith("WIRE_SNAPSHOT_O")), "?")
     try:
         maps = Path(f"/proc/{proc.pid}/maps").read_text().splitlines()
     except OSError:
@@ -269,12 +278,43 @@ def prove_origin(proc, tree: Path, log: Path) -> dict:
     return {"pantheon_site": origin, "kernels": kernels}
 
 
+def foreign_modules(log: Path) -> list[str]:
+    """The modules the server imported from outside the tree and its interpreter (printed at
+    its exit): any is a checkout other than the one recorded, and the recording is refused."""
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("WIRE_SNAPSHOT_F")]
+    if not lines:
+        sys.exit(f"the server did not list its modules at exit; see {log}")
+    found = json.loads(lines[-1].split(" ", 1)[1])
+    if found:
+        sys.exit(f"the server imported code from outside the tree: {found[:10]}")
+    return found
+
+
+LOGGED = re.compile(r"^\S+ \S+ (WARNING|ERROR|CRITICAL) ")
+
+
+def log_summary(log: Path) -> dict:
+    """The server log's warnings and errors (an operator reads them too), without their
+    timestamps, and how many tracebacks it printed."""
+    text = log.read_text(errors="backslashreplace")
+    lines = [ln.split(" ", 2)[2] for ln in text.splitlines() if LOGGED.match(ln)]
+    return {"warnings_and_errors": lines, "tracebacks": text.count("Traceback (most recent")}
+
+
 def send(client: httpx.Client, answers: dict, name, method, path, body, opts: dict) -> dict:
-    """One step: send it, parse the answer, keep it for the steps after, return the record."""
-    path = path(answers) if callable(path) else path
-    body = body(answers) if callable(body) else body
+    """One step: send it, parse the answer, keep it for the steps after, return the record.
+    A step that cannot be built (an earlier answer lacks what it sends back) or sent (the
+    server died, a timeout) is recorded as failed and the run goes on."""
+    try:
+        path = path(answers) if callable(path) else path
+        body = body(answers) if callable(body) else body
+    except (KeyError, IndexError, TypeError) as exc:
+        print(f"  --- {method} ({name}): not sent, an earlier answer lacks {exc!r}", flush=True)
+        return {"name": name, "method": method, "failed": f"not sent: no {exc!r} to send back"}
     raw = opts.get("raw")
     sent = opts.get("shown", body if raw is None else raw.decode())
+    request = {"name": name, "method": method, "path": path, "request": sent}
+    request.update(request_headers=opts.get("headers", {}), auth=opts.get("auth", True))
     hdrs = {"Authorization": f"Bearer {KEY}"} if opts.get("auth", True) else {}
     if raw is None and body is not None:
         raw = json.dumps(body).encode()
@@ -282,21 +322,23 @@ def send(client: httpx.Client, answers: dict, name, method, path, body, opts: di
         hdrs["Content-Type"] = "application/json"
     hdrs.update(opts.get("headers", {}))
     first_event = opts.get("first_event", False)
-    timeout = 30 if first_event else 600  # a watch that never says anything fails, not hangs
-    with client.stream(method, path, content=raw, headers=hdrs, timeout=timeout) as response:
-        data = b""
-        for chunk in response.iter_bytes():
-            data += chunk
-            if first_event and b"\n\n" in data:
-                break
-    text = data.decode()
+    timeout = 30 if first_event else STEP_TIMEOUT_S  # a silent watch fails, not hangs
+    data = b""
+    try:
+        with client.stream(method, path, content=raw, headers=hdrs, timeout=timeout) as response:
+            for chunk in response.iter_bytes():
+                data += chunk
+                if first_event and b"\n\n" in data:
+                    break
+    except httpx.HTTPError as exc:
+        print(f"  --- {method} {path}  ({name}): {type(exc).__name__} {exc}", flush=True)
+        return {**request, "failed": f"{type(exc).__name__}: {exc}", "partial": data.decode()}
+    text = data.decode(errors="backslashreplace")
     answer = parse_body(response.headers.get("content-type", ""), text, path)
     # Un-normalised, as the server sent it: later steps send these ids and blobs back.
     answers[name] = maybe_json(text) if "json" in answer else answer
     print(f"  {response.status_code} {method} {path}  ({name})", flush=True)
     kept = {h: response.headers[h] for h in HEADERS_KEPT if h in response.headers}
-    request = {"name": name, "method": method, "path": path, "request": sent}
-    request.update(request_headers=opts.get("headers", {}), auth=opts.get("auth", True))
     return {**request, "status": response.status_code, "headers": kept, **answer}
 
 
@@ -318,6 +360,8 @@ def record(tree: Path, out: Path, python: str, keep: bool) -> None:
         except subprocess.TimeoutExpired:
             exit_status = "still running 120 s after /admin/shutdown"
         records.append({"name": "server exit status", "exit": exit_status})
+        origin["foreign_modules"] = foreign_modules(log)
+        records.append({"name": "server log", **log_summary(log)})
     finally:
         if proc.poll() is None:
             proc.terminate()
