@@ -93,7 +93,8 @@ CommandLineInterface.entrypoint()
 #    rs_…, fc_…, call_…) becomes `<prefix#n>`, n counting that prefix's distinct values in
 #    order of first appearance: a later reference to an id (a GET of a stored response,
 #    previous_response_id) keeps its placeholder, and one id more shifts only its kind;
-#  - TIME_KEYS: wall-clock timestamps (unix seconds or ISO text; 0 and null kept) -> <time>;
+#  - TIME_KEYS: wall-clock timestamps (unix seconds or ISO text; 0 and null kept) ->
+#    <time:TYPE> (int, float, str: a changed type still shows), TIMING_KEYS -> <timing:TYPE>;
 #  - TIMING_KEYS: measured durations and rates (Ollama's *_duration in ns, a load's
 #    seconds, /session/estimate's measured prefill rate and the times derived from it);
 #  - the build id (`build` on GET / and /v1/models, `pantheon` on /api/version: the tree's
@@ -135,9 +136,9 @@ class Normaliser:
 
     def value(self, v, key: str | None = None):
         if key in TIME_KEYS and v not in (None, 0):
-            return "<time>"
+            return f"<time:{type(v).__name__}>"
         if key in TIMING_KEYS and v is not None:
-            return "<timing>"
+            return f"<timing:{type(v).__name__}>"
         if isinstance(v, dict):
             return {self.text(k): self.value(x, k) for k, x in v.items()}
         if isinstance(v, list):

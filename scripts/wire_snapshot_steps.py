@@ -194,6 +194,9 @@ STEPS = [
     ("response continued", "POST", Q, lambda a: {
         **G, "input": "And of Germany?", "max_output_tokens": 16,
         "previous_response_id": a["response stored"]["id"]}),
+    ("response continued stream", "POST", Q, lambda a: {
+        **G, "input": "And of Spain?", "max_output_tokens": 8, "stream": True,
+        "previous_response_id": a["response continued"]["id"]}),
     ("response stream", "POST", Q, {**G, "input": "Name a colour.", "max_output_tokens": 12,
                                     "stream": True, "store": False}),
     ("response tool", "POST", Q, {**G, "input": ASK[0]["content"], "max_output_tokens": 48,
