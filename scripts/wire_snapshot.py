@@ -4,7 +4,8 @@
     .venv/bin/python scripts/wire_snapshot.py record --tree DIR --out FILE.json
     .venv/bin/python scripts/wire_snapshot.py compare A.json B.json   # exit 1 when they differ
 
-A before/after check of a change (about a minute a recording on two cores):
+A before/after check of a change (one to two minutes a recording on two busy cores; from a
+worktree, use the main checkout's .venv/bin/python):
 
     git worktree add --detach /tmp/before BASE_COMMIT
     cp kernels/_cpu*.so /tmp/before/kernels/       # the compiled kernels (git-ignored)
