@@ -1,7 +1,8 @@
 from django.urls import include, path
 
 from wire.anthropic import views as anthropic_views
-from wire.completions import completions, embeddings, tokenize
+from wire.completions import embeddings, tokenize
+from wire.completions import views as completion_views
 from wire.meta import views as meta_views
 from wire.openai_chat import views
 
@@ -19,7 +20,7 @@ urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions-no-v1"),
     path("v1/messages", anthropic_views.messages, name="anthropic-messages"),
     path("v1/messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
-    path("v1/completions", completions.completions, name="completions"),
+    path("v1/completions", completion_views.completions, name="completions"),
     path("v1/embeddings", embeddings.embeddings, name="embeddings"),
     path("tokenize", tokenize.tokenize, name="tokenize"),  # llama.cpp's
     path("detokenize", tokenize.detokenize, name="detokenize"),

@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from django.http import HttpRequest, HttpResponse
-from django.views.decorators.csrf import csrf_exempt
 
 from engine import FinishEvent, GenerationFailed, TokenEvent, prepare_turn
-from pantheon_platform import shutdown, tenancy
+from pantheon_platform import tenancy
 from pantheon_platform.chat_http import (
     StartedTurn,
     chat_options,
@@ -25,7 +24,7 @@ from pantheon_platform.chat_http import (
     start_turn,
     turn_deadline,
 )
-from pantheon_platform.errors import json_response, method_not_allowed, shutting_down
+from pantheon_platform.errors import json_response
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.sse import EventStreamResponse
@@ -41,6 +40,7 @@ from wire.anthropic.render import (
     usage_json,
 )
 from wire.anthropic.request import MessagesRequest, parse_messages_request
+from wire.route import ErrorShape, RouteCall, first_event, generating_route
 
 log = logging.getLogger("pantheon.http")
 
@@ -53,54 +53,42 @@ def _parse(request: HttpRequest, count_only: bool) -> MessagesRequest:
     )
 
 
-def _refusal(exc: Exception) -> HttpResponse:
-    error = anthropic_error(exc)
-    if error.status == 500:
-        log.error("anthropic messages request failed", exc_info=exc)  # never in the body
-    return error_response(error)
+# Anthropic's shape: {"type": "error", "error": {"type", "message"}}.
+ANTHROPIC_ERRORS = ErrorShape(
+    error_of=lambda exc, stream: anthropic_error(exc), respond=error_response
+)
 
 
-@csrf_exempt
-async def messages(request: HttpRequest) -> HttpResponse:
+@generating_route(ANTHROPIC_ERRORS, "anthropic messages request failed")
+async def messages(request: HttpRequest, call: RouteCall) -> HttpResponse:
     """Async: a generation waits on the engine without holding a worker thread."""
-    if request.method != "POST":
-        return error_response(method_not_allowed(request.method or "", ["POST", "OPTIONS"]))
-    if shutdown.draining():
-        return error_response(shutting_down())
-    try:
-        deadline = turn_deadline()
-        parsed = await off_loop(deadline, lambda: _parse(request, count_only=False))
-        message_id = f"msg_{secrets.token_hex(12)}"
-        started = await start_turn(
-            request,
-            replace(parsed.turn(None), request_id=message_id),
-            model=parsed.model,
-            session_id=parsed.session_id,
-            deadline=deadline,
-        )
-        if parsed.stream:
-            return await _stream(started, message_id)
-        return await _complete(started, message_id)
-    except Exception as exc:
-        return _refusal(exc)
+    deadline = turn_deadline()
+    parsed = await off_loop(deadline, lambda: _parse(request, count_only=False))
+    message_id = f"msg_{secrets.token_hex(12)}"
+    started = await start_turn(
+        request,
+        replace(parsed.turn(None), request_id=message_id),
+        model=parsed.model,
+        session_id=parsed.session_id,
+        deadline=deadline,
+    )
+    if parsed.stream:
+        first = await first_event(started.events)
+        return EventStreamResponse(_events(started, message_id, first))
+    return await _complete(started, message_id)
 
 
-@csrf_exempt
-async def count_tokens(request: HttpRequest) -> HttpResponse:
+@generating_route(ANTHROPIC_ERRORS, "anthropic messages request failed", drain=False)
+async def count_tokens(request: HttpRequest, call: RouteCall) -> HttpResponse:
     """The prompt the request would be: the chat template rendered and tokenized by the
     core (tools and thinking included), nothing generated."""
-    if request.method != "POST":
-        return error_response(method_not_allowed(request.method or "", ["POST", "OPTIONS"]))
-    try:
-        deadline = turn_deadline()
-        parsed = await off_loop(deadline, lambda: _parse(request, count_only=True))
-        name, svc = get_runtime().resolve(parsed.model)
-        note(request, model=name, session_id=tenancy.session_key(request, parsed.session_id))
-        turn = parsed.turn(None)
-        prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, chat_options()))
-        return json_response({"input_tokens": prepared.prompt_tokens})
-    except Exception as exc:
-        return _refusal(exc)
+    deadline = turn_deadline()
+    parsed = await off_loop(deadline, lambda: _parse(request, count_only=True))
+    name, svc = get_runtime().resolve(parsed.model)
+    note(request, model=name, session_id=tenancy.session_key(request, parsed.session_id))
+    turn = parsed.turn(None)
+    prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, chat_options()))
+    return json_response({"input_tokens": prepared.prompt_tokens})
 
 
 # --- rendering ---------------------------------------------------------------------------
@@ -113,20 +101,6 @@ async def _complete(started: StartedTurn, message_id: str) -> HttpResponse:
         message_id, started.model, blocks.content(finish), finish, usage_json(finish.usage)
     )
     return json_response(body)
-
-
-async def _stream(started: StartedTurn, message_id: str) -> HttpResponse:
-    # Wait for the first event before answering: refusals the engine knows up front
-    # (context, busy, memory) still get their status line and Anthropic's error body.
-    events = started.events
-    try:
-        first = await anext(events, None)
-    except BaseException:
-        await events.aclose()
-        raise
-    if first is None:
-        raise GenerationFailed("the engine stream ended without a finish event")
-    return EventStreamResponse(_events(started, message_id, first))
 
 
 async def _events(

@@ -31,12 +31,19 @@ from pantheon_platform.strict_json import parse_json_object
 from wire.ollama import render
 from wire.ollama import request as parse
 from wire.ollama.render import Answer, Clock, NdjsonResponse, error_response
+from wire.route import ErrorShape, RouteCall, first_event, generating_route
 
 log = logging.getLogger("pantheon.http")
 
 # The Ollama API level these routes follow (GET /api/version): clients gate features on
 # it. Pantheon's own version is beside it.
 OLLAMA_API_VERSION = "0.12.0"
+
+
+# Ollama's shape: {"error": "message"}.
+OLLAMA_ERRORS = ErrorShape(
+    error_of=lambda exc, stream: render.ollama_error(exc), respond=error_response
+)
 
 
 def _refusal(exc: Exception) -> HttpResponse:
@@ -99,61 +106,55 @@ def _check_window(parsed: parse.OllamaRequest, svc) -> None:
 # --- /api/chat, /api/generate ----------------------------------------------------------
 
 
-@csrf_exempt
-async def chat(request: HttpRequest) -> HttpResponse:
+@generating_route(OLLAMA_ERRORS, "ollama request failed")
+async def chat(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _turn(request, chat=True)
 
 
-@csrf_exempt
-async def generate(request: HttpRequest) -> HttpResponse:
+@generating_route(OLLAMA_ERRORS, "ollama request failed")
+async def generate(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _turn(request, chat=False)
 
 
 async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
     """Async: a generation waits on the engine without holding a worker thread."""
-    if refused := _method(request, "POST"):
-        return refused
-    if shutdown.draining():
-        return error_response(shutting_down())
     clock = Clock()
     header = request.headers.get("X-Session-Id")
-    try:
-        deadline = turn_deadline()
+    deadline = turn_deadline()
 
-        def parse_body() -> parse.OllamaRequest:
-            data = parse_json_object(request.body)
-            if chat:
-                return parse.parse_chat(data, header)
-            return parse.parse_generate(data, header)
+    def parse_body() -> parse.OllamaRequest:
+        data = parse_json_object(request.body)
+        if chat:
+            return parse.parse_chat(data, header)
+        return parse.parse_generate(data, header)
 
-        parsed = await off_loop(deadline, parse_body)
-        name, svc = resolve(parsed.model)
-        _check_window(parsed, svc)
-        if parsed.enable_thinking and not svc.think_style and parsed.raw_prompt is None:
-            raise ApiError(  # Ollama's answer too: nothing would think
-                400,
-                f'think: model "{parsed.model}" does not support thinking (its chat template '
-                "has no think block); leave think out or send false",
-                "invalid_request_error",
-                extra={"param": "think"},
-            )
-        if not parsed.messages:  # Ollama's "load the model": it is loaded
-            return json_response(render.load_answer(parsed.model, chat))
-        started = await start_turn(
-            request,
-            parsed.turn(f"ollama-{secrets.token_hex(12)}"),
-            model=name,
-            session_id=parsed.session_id,
-            deadline=deadline,
+    parsed = await off_loop(deadline, parse_body)
+    name, svc = resolve(parsed.model)
+    _check_window(parsed, svc)
+    if parsed.enable_thinking and not svc.think_style and parsed.raw_prompt is None:
+        raise ApiError(  # Ollama's answer too: nothing would think
+            400,
+            f'think: model "{parsed.model}" does not support thinking (its chat template '
+            "has no think block); leave think out or send false",
+            "invalid_request_error",
+            extra={"param": "think"},
         )
-        clock.mark_ready()
-        answer = Answer(parsed.model, chat, parsed.logprobs, clock)
-        ttl = parse.keep_alive_seconds(parsed.keep_alive)
-        if parsed.stream:
-            return await _stream(started, answer, ttl)
-        return await _complete(started, answer, ttl)
-    except Exception as exc:
-        return _refusal(exc)
+    if not parsed.messages:  # Ollama's "load the model": it is loaded
+        return json_response(render.load_answer(parsed.model, chat))
+    started = await start_turn(
+        request,
+        parsed.turn(f"ollama-{secrets.token_hex(12)}"),
+        model=name,
+        session_id=parsed.session_id,
+        deadline=deadline,
+    )
+    clock.mark_ready()
+    answer = Answer(parsed.model, chat, parsed.logprobs, clock)
+    ttl = parse.keep_alive_seconds(parsed.keep_alive)
+    if parsed.stream:
+        first = await first_event(started.events)
+        return NdjsonResponse(_lines(started, answer, first, ttl))
+    return await _complete(started, answer, ttl)
 
 
 def _keep_alive(started: StartedTurn, ttl: float | None) -> None:
@@ -168,20 +169,6 @@ async def _complete(started: StartedTurn, answer: Answer, ttl: float | None) -> 
     finish = await one_choice(started.events, answer.push)
     _keep_alive(started, ttl)
     return json_response(answer.joined(finish))
-
-
-async def _stream(started: StartedTurn, answer: Answer, ttl: float | None) -> HttpResponse:
-    # Wait for the first event before answering: refusals the engine knows up front
-    # (context, busy, memory) still get their status line and Ollama's error body.
-    events = started.events
-    try:
-        first = await anext(events, None)
-    except BaseException:
-        await events.aclose()
-        raise
-    if first is None:
-        raise GenerationFailed("the engine stream ended without a finish event")
-    return NdjsonResponse(_lines(started, answer, first, ttl))
 
 
 async def _lines(

@@ -16,7 +16,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 import kernels
-from pantheon_platform import shutdown
 from pantheon_platform.chat_http import off_loop, start_turn, turn_deadline
 from pantheon_platform.errors import (
     api_error_from,
@@ -24,12 +23,12 @@ from pantheon_platform.errors import (
     json_response,
     method_not_allowed,
     not_found,
-    shutting_down,
 )
 from pantheon_platform.runtime import FAILED, build_id, get_runtime
 from pantheon_platform.strict_json import parse_json_object
 from wire.openai_chat import render as openai_chat
 from wire.openai_chat.request import validated_chat_request
+from wire.route import OPENAI_ERRORS, RouteCall, first_event, generating_route
 
 log = logging.getLogger("pantheon.http")
 
@@ -74,39 +73,28 @@ class HealthView(APIView):
 # --- POST /v1/chat/completions ------------------------------------------------------
 
 
-@csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+@generating_route(OPENAI_ERRORS, "chat completion failed")
+async def chat_completions(request: HttpRequest, call: RouteCall) -> HttpResponse:
     """Async, so that a generation waits on the engine without holding a worker thread.
     Parse and validate, build the core's Turn, render its events (openai_chat)."""
-    if request.method != "POST":
-        return method_not_allowed(request.method or "", ["POST", "OPTIONS"]).response()
-    if shutdown.draining():
-        return shutting_down().response()
-    stream = False
-    try:
-        # Everything sized by the client (the JSON parse and validation, then the core's
-        # tools, grammar, template and tokenizer) runs off the event loop, in the prepare
-        # pool, within one deadline.
-        deadline = turn_deadline()
-        chat = await off_loop(deadline, lambda: validated_chat_request(request.body))
-        stream = chat.is_stream
-        started = await start_turn(
-            request,
-            openai_chat.turn_of(chat, openai_chat.completion_id()),
-            model=chat.validated_data.get("model"),
-            session_id=chat.session_key(request.headers.get("X-Session-Id")),
-            deadline=deadline,
-        )
-        completion = openai_chat.Completion.of(chat, started)
-        if stream:
-            return await openai_chat.stream(started.events, completion, chat.wants_usage)
-        return await openai_chat.complete(started.events, completion)
-    except Exception as exc:
-        error = api_error_from(exc, stream=stream)
-        if error.status == 500:
-            # The traceback goes to the log, never into the body.
-            log.error("chat completion failed", exc_info=exc)
-        return error.response()
+    # Everything sized by the client (the JSON parse and validation, then the core's
+    # tools, grammar, template and tokenizer) runs off the event loop, in the prepare
+    # pool, within one deadline.
+    deadline = turn_deadline()
+    chat = await off_loop(deadline, lambda: validated_chat_request(request.body))
+    call.stream = chat.is_stream
+    started = await start_turn(
+        request,
+        openai_chat.turn_of(chat, openai_chat.completion_id()),
+        model=chat.validated_data.get("model"),
+        session_id=chat.session_key(request.headers.get("X-Session-Id")),
+        deadline=deadline,
+    )
+    completion = openai_chat.Completion.of(chat, started)
+    if call.stream:
+        first = await first_event(started.events)
+        return openai_chat.stream(started.events, first, completion, chat.wants_usage)
+    return await openai_chat.complete(started.events, completion)
 
 
 # --- POST /admin/debug/simulate-memory-pressure --------------------------------------
