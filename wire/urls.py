@@ -9,7 +9,7 @@ from wire.openai_chat import views
 # Exact paths, no trailing-slash variants: anything else is the JSON 404. Some clients
 # leave /v1 out of their base URL: /chat/completions and /models are the same routes.
 urlpatterns = [
-    path("", views.HealthView.as_view(), name="health"),
+    path("", meta_views.HealthView.as_view(), name="health"),
     path("health", meta_views.LlamaHealthView.as_view(), name="llama-health"),
     path("v1/models", meta_views.ModelsView.as_view(), name="models"),
     path("models", meta_views.ModelsView.as_view(), name="models-no-v1"),
@@ -29,7 +29,7 @@ urlpatterns = [
     # Operator test hook; answers the JSON 404 unless PANTHEON_DEBUG_ROUTES is on.
     path(
         "admin/debug/simulate-memory-pressure",
-        views.simulate_memory_pressure,
+        meta_views.simulate_memory_pressure,
         name="simulate-memory-pressure",
     ),
 ]
