@@ -1,11 +1,11 @@
-"""The skeleton every wire format's generating route shares.
+"""The skeleton every wire format's model routes share (generate, embed, tokenize).
 
-A generating route answers POST only, refuses while the server drains, and turns any
-exception into its format's error (OpenAI's, Anthropic's or Ollama's shape), logging a
-500's traceback (never in the body): `generating_route` does that around the format's
-own view. Before a stream opens, the view awaits the engine's first event
-(`first_event`): refusals the engine knows up front (context, busy, memory) still get
-their status line and the format's error body.
+Such a route answers POST only, refuses while the server drains, and turns any exception
+into its format's error (OpenAI's, Anthropic's or Ollama's shape), logging a 500's
+traceback (never in the body): `post_route` does that around the format's own view.
+Before a stream opens, the view awaits the engine's first event (`first_event`):
+refusals the engine knows up front (context, busy, memory) still get their status line
+and the format's error body.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class RouteCall:
     stream: bool = False
 
 
-def generating_route(errors: ErrorShape, failure: str, *, drain: bool = True):
+def post_route(errors: ErrorShape, failure: str, *, drain: bool = True):
     """Decorate `view(request, call, *args)` as a POST route: 405 for another method,
     503 while draining (unless `drain` is False), and any exception it raises answered
     in `errors`' shape (a 500 logged as `failure`, with its traceback)."""

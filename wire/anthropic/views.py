@@ -40,7 +40,7 @@ from wire.anthropic.render import (
     usage_json,
 )
 from wire.anthropic.request import MessagesRequest, parse_messages_request
-from wire.route import ErrorShape, RouteCall, first_event, generating_route
+from wire.route import ErrorShape, RouteCall, first_event, post_route
 
 log = logging.getLogger("pantheon.http")
 
@@ -59,7 +59,7 @@ ANTHROPIC_ERRORS = ErrorShape(
 )
 
 
-@generating_route(ANTHROPIC_ERRORS, "anthropic messages request failed")
+@post_route(ANTHROPIC_ERRORS, "anthropic messages request failed")
 async def messages(request: HttpRequest, call: RouteCall) -> HttpResponse:
     """Async: a generation waits on the engine without holding a worker thread."""
     deadline = turn_deadline()
@@ -78,7 +78,7 @@ async def messages(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _complete(started, message_id)
 
 
-@generating_route(ANTHROPIC_ERRORS, "anthropic messages request failed", drain=False)
+@post_route(ANTHROPIC_ERRORS, "anthropic messages request failed", drain=False)
 async def count_tokens(request: HttpRequest, call: RouteCall) -> HttpResponse:
     """The prompt the request would be: the chat template rendered and tokenized by the
     core (tools and thinking included), nothing generated."""

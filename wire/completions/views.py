@@ -26,10 +26,10 @@ from pantheon_platform.sse import EventStreamResponse
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 from wire.completions.render import Completion, PromptRun, complete, sse_events
 from wire.completions.request import validated
-from wire.route import OPENAI_ERRORS, RouteCall, first_event, generating_route
+from wire.route import OPENAI_ERRORS, RouteCall, first_event, post_route
 
 
-@generating_route(OPENAI_ERRORS, "completion failed")
+@post_route(OPENAI_ERRORS, "completion failed")
 async def completions(request: HttpRequest, call: RouteCall) -> HttpResponse:
     """Parse and validate, start each prompt's turn on the chat core, render."""
     runs: list[PromptRun] = []

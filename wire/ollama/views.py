@@ -16,7 +16,6 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import ContextOverBudget, FinishEvent, GenerationFailed, TokenEvent, TooManyTokens
-from pantheon_platform import shutdown
 from pantheon_platform.chat_http import (
     StartedTurn,
     off_loop,
@@ -24,14 +23,14 @@ from pantheon_platform.chat_http import (
     start_turn,
     turn_deadline,
 )
-from pantheon_platform.errors import ApiError, json_response, method_not_allowed, shutting_down
+from pantheon_platform.errors import ApiError, json_response, method_not_allowed
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import LOADING, build_id, get_runtime
 from pantheon_platform.strict_json import parse_json_object
 from wire.ollama import render
 from wire.ollama import request as parse
 from wire.ollama.render import Answer, Clock, NdjsonResponse, error_response
-from wire.route import ErrorShape, RouteCall, first_event, generating_route
+from wire.route import ErrorShape, RouteCall, first_event, post_route
 
 log = logging.getLogger("pantheon.http")
 
@@ -106,12 +105,12 @@ def _check_window(parsed: parse.OllamaRequest, svc) -> None:
 # --- /api/chat, /api/generate ----------------------------------------------------------
 
 
-@generating_route(OLLAMA_ERRORS, "ollama request failed")
+@post_route(OLLAMA_ERRORS, "ollama request failed")
 async def chat(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _turn(request, chat=True)
 
 
-@generating_route(OLLAMA_ERRORS, "ollama request failed")
+@post_route(OLLAMA_ERRORS, "ollama request failed")
 async def generate(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _turn(request, chat=False)
 
@@ -209,45 +208,38 @@ async def _lines(
 # --- /api/embed, /api/embeddings -------------------------------------------------------
 
 
-@csrf_exempt
-async def embed(request: HttpRequest) -> HttpResponse:
+@post_route(OLLAMA_ERRORS, "ollama request failed")
+async def embed(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _embed(request, legacy=False)
 
 
-@csrf_exempt
-async def embeddings(request: HttpRequest) -> HttpResponse:
+@post_route(OLLAMA_ERRORS, "ollama request failed")
+async def embeddings(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _embed(request, legacy=True)
 
 
 async def _embed(request: HttpRequest, *, legacy: bool) -> HttpResponse:
     """Each input tokenized as a raw prompt (no template), prefilled alone on a scratch
     cache and pooled, L2-normalised (ModelService.embed: the model's `pooling`)."""
-    if refused := _method(request, "POST"):
-        return refused
-    if shutdown.draining():
-        return error_response(shutting_down())
     clock = Clock()
-    try:
-        deadline = turn_deadline()
-        parsed = await off_loop(
-            deadline, lambda: parse.parse_embed(parse_json_object(request.body), legacy=legacy)
+    deadline = turn_deadline()
+    parsed = await off_loop(
+        deadline, lambda: parse.parse_embed(parse_json_object(request.body), legacy=legacy)
+    )
+    name, svc = resolve(parsed.model)
+    note(request, model=name)
+    width = svc.embedding_width
+    if parsed.dimensions is not None and parsed.dimensions != width:
+        raise ApiError(
+            400,
+            f"dimensions: this model's embeddings have {width} dimensions and cannot be "
+            f"shortened; leave dimensions out (or send {width})",
+            "invalid_request_error",
         )
-        name, svc = resolve(parsed.model)
-        note(request, model=name)
-        width = svc.embedding_width
-        if parsed.dimensions is not None and parsed.dimensions != width:
-            raise ApiError(
-                400,
-                f"dimensions: this model's embeddings have {width} dimensions and cannot be "
-                f"shortened; leave dimensions out (or send {width})",
-                "invalid_request_error",
-            )
-        lists = await off_loop(deadline, lambda: _token_lists(svc, parsed))
-        clock.mark_ready()
-        vectors = await asyncio.wrap_future(svc.embed(lists)) if lists else []
-        clock.mark_end()
-    except Exception as exc:
-        return _refusal(exc)
+    lists = await off_loop(deadline, lambda: _token_lists(svc, parsed))
+    clock.mark_ready()
+    vectors = await asyncio.wrap_future(svc.embed(lists)) if lists else []
+    clock.mark_end()
     if legacy:
         return json_response({"embedding": vectors[0].tolist() if len(vectors) else []})
     return json_response(

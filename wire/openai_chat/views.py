@@ -12,12 +12,12 @@ from django.http import HttpRequest, HttpResponse
 from pantheon_platform.chat_http import off_loop, start_turn, turn_deadline
 from wire.openai_chat import render as openai_chat
 from wire.openai_chat.request import validated_chat_request
-from wire.route import OPENAI_ERRORS, RouteCall, first_event, generating_route
+from wire.route import OPENAI_ERRORS, RouteCall, first_event, post_route
 
 # --- POST /v1/chat/completions ------------------------------------------------------
 
 
-@generating_route(OPENAI_ERRORS, "chat completion failed")
+@post_route(OPENAI_ERRORS, "chat completion failed")
 async def chat_completions(request: HttpRequest, call: RouteCall) -> HttpResponse:
     """Async, so that a generation waits on the engine without holding a worker thread.
     Parse and validate, build the core's Turn, render its events (openai_chat)."""

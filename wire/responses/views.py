@@ -43,7 +43,7 @@ from pantheon_platform.strict_json import IDENTIFIER_MAX, parse_json_object
 from wire.responses.models import StoredResponse
 from wire.responses.render import ResponseBuilder, is_response_id, new_id, sse_event
 from wire.responses.request import ResponsesRequest, parse_request
-from wire.route import OPENAI_ERRORS, RouteCall, first_event, generating_route
+from wire.route import OPENAI_ERRORS, RouteCall, first_event, post_route
 
 log = logging.getLogger("pantheon.http")
 
@@ -55,7 +55,7 @@ _PARAMS = {"messages": "input", "response_format": "text.format"}
 # --- POST /v1/responses ----------------------------------------------------------------
 
 
-@generating_route(OPENAI_ERRORS, "response failed")
+@post_route(OPENAI_ERRORS, "response failed")
 async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse:
     deadline = turn_deadline()
     req = await off_loop(deadline, lambda: parse_request(parse_json_object(request.body)))
