@@ -15,11 +15,10 @@ import secrets
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine import ContextOverBudget, FinishEvent, GenerationFailed, TokenEvent, TooManyTokens
+from engine import ContextOverBudget, TooManyTokens
 from pantheon_platform.chat_http import (
     StartedTurn,
     off_loop,
-    one_choice,
     start_turn,
     turn_deadline,
 )
@@ -150,10 +149,14 @@ async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
     clock.mark_ready()
     answer = Answer(parsed.model, chat, parsed.logprobs, clock)
     ttl = parse.keep_alive_seconds(parsed.keep_alive)
+
+    def turn_over() -> None:
+        _keep_alive(started, ttl)
+
     if parsed.stream:
         first = await first_event(started.events)
-        return NdjsonResponse(_lines(started, answer, first, ttl))
-    return await _complete(started, answer, ttl)
+        return NdjsonResponse(render.lines(started.events, answer, first, turn_over))
+    return await render.complete(started.events, answer, turn_over)
 
 
 def _keep_alive(started: StartedTurn, ttl: float | None) -> None:
@@ -162,47 +165,6 @@ def _keep_alive(started: StartedTurn, ttl: float | None) -> None:
     session_id = started.prepared.request.session_id
     if ttl is not None and session_id is not None and started.svc.sessions.enabled:
         started.svc.sessions.set_idle_ttl(session_id, ttl)
-
-
-async def _complete(started: StartedTurn, answer: Answer, ttl: float | None) -> HttpResponse:
-    finish = await one_choice(started.events, answer.push)
-    _keep_alive(started, ttl)
-    return json_response(answer.joined(finish))
-
-
-async def _lines(
-    started: StartedTurn, answer: Answer, first: TokenEvent | FinishEvent, ttl: float | None
-):
-    events = started.events
-    finish: FinishEvent | None = None
-    try:
-        event: TokenEvent | FinishEvent | None = first
-        while event is not None:
-            if isinstance(event, FinishEvent):
-                finish = event
-            else:
-                chunk = answer.push(event)
-                if chunk is not None:
-                    yield render.line(chunk)
-            event = await anext(events, None)
-    except Exception as exc:
-        # The status line is gone: Ollama ends such a stream with an error line.
-        error = render.ollama_error(exc)
-        if error.status == 500:
-            log.error("ollama stream failed after it opened", exc_info=exc)
-        yield render.error_line(error)
-        return
-    finally:
-        # On normal end, on failure, and when the client disconnects: the engine stops.
-        await events.aclose()
-    if finish is None:
-        yield render.error_line(
-            render.ollama_error(GenerationFailed("the engine stream ended without a finish"))
-        )
-        return
-    _keep_alive(started, ttl)
-    for chunk in answer.finish(finish):
-        yield render.line(chunk)
 
 
 # --- /api/embed, /api/embeddings -------------------------------------------------------
