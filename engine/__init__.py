@@ -54,8 +54,8 @@ _EXPORTS: dict[str, str] = {
     "run_turn": "engine.chat.core",
     "worst_format_status": "engine.chat.core",
     # tool calls as they stream
-    "ArgumentsDelta": "engine.tools.dialects",
-    "CallOpened": "engine.tools.dialects",
+    "ArgumentsDelta": "engine.tools.dialects.calls",
+    "CallOpened": "engine.tools.dialects.calls",
     # text
     "TooManyTokens": "engine.text.tokenizer",
     "ChatTemplate": "engine.text.chat_template",
@@ -67,8 +67,8 @@ _EXPORTS: dict[str, str] = {
     "FALLBACK_PREFILL_TOK_PER_S": "engine.serving.service",
     "ModelService": "engine.serving.service",
     "peek_gguf": "engine.serving.service",
-    "OPEN": "engine.serving.sessions",
-    "SessionKey": "engine.serving.sessions",
+    "OPEN": "engine.serving.session_key",
+    "SessionKey": "engine.serving.session_key",
     "POOLINGS": "engine.serving.embedding",
     # one conversation's KV as bytes (exported, spilled, restored)
     "encode_session_blob": "engine.serving.session_blob:encode",

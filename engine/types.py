@@ -44,6 +44,9 @@ class ModelConfig:
     session_idle_ttl_s: float = 12 * 3600.0
     session_watch_grace_s: float = 45.0
     max_watches: int = 64
+    # An implicit session (an id the server chose: the Responses API's chain) is dropped
+    # after this long idle, and is evicted first when an explicit session needs its slot.
+    session_implicit_ttl_s: float = 300.0
     # Per API key (namespace; not the open one): session ids and watches it may hold at
     # once. 0: half of max_sessions / max_watches, at least 1.
     key_max_sessions: int = 0
@@ -97,6 +100,9 @@ class GenerationRequest:
     # Prefix-cache key: the turn resumes from the id's conversation its prompt continues
     # (delta prefill), and choice 0's state is kept for the next turn.
     session_id: str | None = None
+    # The server chose `session_id`, not the client: a cache that makes no one wait
+    # (serving/sessions.py: a short TTL, evicted first, never written to disk).
+    session_implicit: bool = False
     # Whose prompts may share KV through the prefix cache (the caller's API key's
     # namespace): a slot's kept tokens are reused only by a request of the same namespace,
     # so one key never learns from cached_tokens (or timing) what another key sent.
@@ -106,7 +112,7 @@ class GenerationRequest:
     think_style: bool = False
     think_open: bool = False
     reasoning_budget: int = 0  # reasoning tokens before `</think>` is forced; <= 0: none
-    # response_format: the compiled plan (constraints.ConstraintPlan) or None, and the
+    # response_format: the compiled plan (response_format.ConstraintPlan) or None, and the
     # status to report when the request sent one (None: it did not).
     constraint: object = None
     format_status: str | None = None

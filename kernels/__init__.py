@@ -34,6 +34,14 @@ def array_module(x):
     return of(x)
 
 
+def compiled_spm_splits():
+    """The compiled SentencePiece split function (kernels/cpu/text.py), or None where the
+    compiled kernels were not built: for the tokenizer, which reaches kernels only here."""
+    from kernels.cpu.text import compiled_spm_splits as of
+
+    return of()
+
+
 def backend_name() -> str:
     """The backend token: cuda where CUDA dies were probed, else cpu (dies a test
     installed are host memory: this process still computes on the CPU)."""
@@ -91,7 +99,7 @@ _die_backends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _make_auto() -> Backend:
-    from kernels.cpu.backend import load_extension
+    from kernels.cpu import load_extension
 
     return get_backend("cpu" if load_extension() is not None else "numpy")
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kernels.quants import dequantize_rows
 from kernels.weights import RopeTable, Weight
 
 Array = Any  # the backend's array type: numpy.ndarray, cupy.ndarray, ...
@@ -77,8 +78,6 @@ class Backend(ABC):
         so stacking matrices is stacking their rows), else dequantised into one dense
         matrix. A backend with a kernel per type may keep the parts apart instead
         (kernels.cpu.backend: no copy of the file's bytes)."""
-        from kernels.reference.backend import dequantize_rows
-
         k = parts[0].shape[1]
         if len({p.storage for p in parts}) == 1:
             blocks = np.concatenate([p.data for p in parts])

@@ -4,7 +4,7 @@ management and a read-only dies page.
 
 Every change goes through the runtime (pantheon_platform.runtime), which checks it, applies it
 to the live registry and records it (operators.store): the console never writes a
-ModelConfig's state or an Alias behind the registry's back.
+ServedModel's state or an Alias behind the registry's back.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from operators import files
-from operators.models import Alias, ModelConfig
-from operators.rows import dies_listing
+from operators.models import Alias, ServedModel
 from operators.serializers import load_spec
 from operators.store import spec_of
 from pantheon_platform.model_files import allowed_model_path
-from pantheon_platform.runtime import FAILED, NotFound, OperatorError, get_runtime
+from pantheon_platform.runtime import FAILED, NotFound, OperatorError, dies_listing, get_runtime
 
 
 def _bytes(n: int) -> str:
@@ -45,9 +44,9 @@ def _progress_bar(p) -> str:
     )
 
 
-class ModelConfigForm(forms.ModelForm):
+class ServedModelForm(forms.ModelForm):
     class Meta:
-        model = ModelConfig
+        model = ServedModel
         fields = ["name", "path", "ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget"]
 
     def clean_path(self) -> str:
@@ -57,9 +56,9 @@ class ModelConfigForm(forms.ModelForm):
             raise ValidationError(str(exc)) from None
 
 
-@admin.register(ModelConfig)
-class ModelConfigAdmin(admin.ModelAdmin):
-    form = ModelConfigForm
+@admin.register(ServedModel)
+class ServedModelAdmin(admin.ModelAdmin):
+    form = ServedModelForm
     list_display = [
         "name",
         "status",
@@ -83,7 +82,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
     # --- live status columns (from the registry, not the database) ---
 
     @admin.display(description="status")
-    def status(self, obj: ModelConfig) -> str:
+    def status(self, obj: ServedModel) -> str:
         info = get_runtime().instance(obj.name)
         if info is not None:
             return "unloading" if info.draining else "loaded"
@@ -98,22 +97,22 @@ class ModelConfigAdmin(admin.ModelAdmin):
         return f"not loaded (last error: {obj.last_error})" if obj.last_error else "not loaded"
 
     @admin.display(description="in flight")
-    def in_flight(self, obj: ModelConfig):
+    def in_flight(self, obj: ServedModel):
         info = get_runtime().instance(obj.name)
         return info.svc.in_flight if info else "-"
 
     @admin.display(description="sessions")
-    def sessions(self, obj: ModelConfig):
+    def sessions(self, obj: ServedModel):
         info = get_runtime().instance(obj.name)
         return info.svc.max_sessions if info else "-"
 
     @admin.display(description="memory")
-    def memory(self, obj: ModelConfig) -> str:
+    def memory(self, obj: ServedModel) -> str:
         info = get_runtime().instance(obj.name)
         return _bytes(info.svc.memory_bytes) if info else "-"
 
     @admin.display(description="context window (served / configured)")
-    def context_window(self, obj: ModelConfig) -> str:
+    def context_window(self, obj: ServedModel) -> str:
         info = get_runtime().instance(obj.name)
         if info is None:
             return "-"
@@ -137,7 +136,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
             try:
                 result = get_runtime().unload(row.name)
             except NotFound:  # not loaded: just do not load it at the next start
-                ModelConfig.objects.filter(pk=row.pk).update(should_load=False)
+                ServedModel.objects.filter(pk=row.pk).update(should_load=False)
                 self.message_user(request, f"{row.name} was not loaded.", messages.INFO)
             except OperatorError as exc:
                 self.message_user(request, f"{row.name}: {exc}", messages.ERROR)
@@ -158,7 +157,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
             try:
                 get_runtime().set_pinned(row.name, pinned)
             except NotFound:  # not loaded: applies at its next load
-                ModelConfig.objects.filter(pk=row.pk).update(pinned=pinned)
+                ServedModel.objects.filter(pk=row.pk).update(pinned=pinned)
             except OperatorError as exc:
                 self.message_user(request, f"{row.name}: {exc}", messages.ERROR)
                 continue
@@ -197,12 +196,12 @@ class ModelConfigAdmin(admin.ModelAdmin):
             path(
                 "load-file/",
                 self.admin_site.admin_view(self.load_file_view),
-                name="operators_modelconfig_load_file",
+                name="operators_servedmodel_load_file",
             ),
             path(
                 "dies/",
                 self.admin_site.admin_view(self.dies_view),
-                name="operators_modelconfig_dies",
+                name="operators_servedmodel_dies",
             ),
         ]
         return own + super().get_urls()
@@ -220,7 +219,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
                 form.add_error(None, str(exc))
             else:
                 self.message_user(request, f"Loaded {info.name}.", messages.SUCCESS)
-                return redirect(reverse("admin:operators_modelconfig_changelist"))
+                return redirect(reverse("admin:operators_servedmodel_changelist"))
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
@@ -228,16 +227,16 @@ class ModelConfigAdmin(admin.ModelAdmin):
             "form": form,
             "available": available,
         }
-        return TemplateResponse(request, "admin/operators/modelconfig/load_file.html", context)
+        return TemplateResponse(request, "admin/operators/servedmodel/load_file.html", context)
 
     def dies_view(self, request):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
             "title": "Accelerator dies",
-            "dies": dies_listing(get_runtime()),
+            "dies": dies_listing(),
         }
-        return TemplateResponse(request, "admin/operators/modelconfig/dies.html", context)
+        return TemplateResponse(request, "admin/operators/servedmodel/dies.html", context)
 
 
 class LoadFileForm(forms.Form):

@@ -87,6 +87,13 @@ READ_ONLY = (
         _engine("session_idle_ttl_s"),
         "Seconds an idle session keeps its KV.",
     ),
+    (
+        "responses_implicit_ttl_s",
+        "PANTHEON_RESPONSES_IMPLICIT_TTL_S",
+        _engine("session_implicit_ttl_s"),
+        "Seconds an idle implicit session (a Responses chain without a session id) keeps "
+        "its KV; evicted first when an explicit session needs a slot.",
+    ),
     ("max_watches", "PANTHEON_MAX_WATCHES", _engine("max_watches"), "Session watches per model."),
     (
         "max_messages",

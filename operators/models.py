@@ -6,8 +6,10 @@ from __future__ import annotations
 from django.db import models
 
 
-class ModelConfig(models.Model):
-    """One served name: the load options it was (or will be) loaded with."""
+class ServedModel(models.Model):
+    """One served name: the load options it was (or will be) loaded with, whether it is
+    loaded again at start, and how its last load went. The console lists these rows as
+    "model configs"; the engine's ModelConfig is what a load hands the engine."""
 
     name = models.CharField(max_length=200, unique=True, help_text="The served id.")
     path = models.CharField(max_length=4096, help_text="The GGUF file, inside a model folder.")

@@ -1,8 +1,7 @@
-"""JSON rows for the operator routes and the console: live instances and dies."""
+"""JSON rows for the operator routes and the console: live instances and loading ones."""
 
 from __future__ import annotations
 
-import kernels.devices.dies
 from pantheon_platform.runtime import InstanceInfo, LoadingInfo, Runtime
 
 
@@ -28,9 +27,9 @@ def model_row(info: InstanceInfo) -> dict:
         "max_sessions": svc.max_sessions,
         "max_concurrent": svc.max_concurrent,
         "max_concurrent_configured": svc.max_concurrent_configured,
-        "reasoning_budget": spec.reasoning_budget,
-        "chat_template": "custom" if spec.chat_template else "gguf",
-        "quantize": spec.quantize,
+        "reasoning_budget": spec.config.reasoning_budget,
+        "chat_template": "custom" if spec.config.chat_template else "gguf",
+        "quantize": spec.config.quantize,
         "pooling": svc.pooling,  # how /v1/embeddings pools (the option, else the default)
         "pinned": info.pinned,
         "in_flight": svc.in_flight,
@@ -64,16 +63,17 @@ def loading_row(info: LoadingInfo) -> dict:
     """The /admin/models row of a model still loading: what was asked (nothing is served
     yet: max_concurrent 0) and, once its load has started, `progress`."""
     spec = info.spec
+    config = spec.config
     row = {
         "id": info.name,
         "object": "model",
         "status": "loading",
-        "path": spec.path,
-        "dies": list(spec.dies),
+        "path": config.path,
+        "dies": list(config.dies),
         "vram_bytes": 0,
-        "max_sessions": spec.max_sessions,
+        "max_sessions": config.max_sessions,
         "max_concurrent": 0,
-        "max_concurrent_configured": spec.max_concurrent or spec.max_sessions,
+        "max_concurrent_configured": config.max_concurrent or config.max_sessions,
         "pinned": spec.pinned,
     }
     if info.progress is not None:
@@ -84,9 +84,3 @@ def loading_row(info: LoadingInfo) -> dict:
 def model_rows(rt: Runtime) -> list[dict]:
     """GET /admin/models: every live instance by name, then the models loading."""
     return [model_row(i) for i in rt.instances()] + [loading_row(i) for i in rt.loading()]
-
-
-def dies_listing(rt: Runtime) -> dict:
-    """GET /admin/dies: every die the process sees, its budget (total minus
-    PN_DIE_RESERVE_BYTES), what our allocations hold there and the models they are for."""
-    return kernels.devices.dies.manager().listing()

@@ -94,7 +94,7 @@ def load_spec(data: dict) -> LoadSpec:
 
     defaults = default_options()
     name = data.get("name") or Path(data["path"]).name.removesuffix(".gguf")
-    return LoadSpec(
+    return LoadSpec.of(
         name=name,
         path=data["path"],
         dies=tuple(data.get("dies") or ()),

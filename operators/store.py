@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from operators.models import Alias, ModelConfig
+from operators.models import Alias, ServedModel
 from pantheon_platform.runtime import LoadSpec, Store
 
 OPTIONS = (
@@ -21,8 +21,8 @@ OPTIONS = (
 )
 
 
-def spec_of(row: ModelConfig) -> LoadSpec:
-    return LoadSpec(
+def spec_of(row: ServedModel) -> LoadSpec:
+    return LoadSpec.of(
         name=row.name,
         dies=tuple(row.dies or ()),
         pinned=row.pinned,
@@ -34,16 +34,16 @@ class DatabaseStore(Store):
     def startup(self, seed: list[LoadSpec]) -> tuple[list[LoadSpec], dict[str, str]]:
         with transaction.atomic():
             # The environment (PANTHEON_MODELS) only ever fills an empty table.
-            if not ModelConfig.objects.exists():
+            if not ServedModel.objects.exists():
                 for spec in seed:
-                    ModelConfig.objects.create(**_fields(spec), should_load=True)
-            rows = ModelConfig.objects.filter(should_load=True)
+                    ServedModel.objects.create(**_fields(spec), should_load=True)
+            rows = ServedModel.objects.filter(should_load=True)
             aliases = dict(Alias.objects.values_list("alias", "target"))
             return [spec_of(row) for row in rows], aliases
 
     def loaded(self, spec: LoadSpec) -> None:
         with transaction.atomic():
-            ModelConfig.objects.update_or_create(
+            ServedModel.objects.update_or_create(
                 name=spec.name,
                 defaults={
                     **_fields(spec),
@@ -55,16 +55,16 @@ class DatabaseStore(Store):
 
     def unloaded(self, name: str) -> None:
         with transaction.atomic():
-            ModelConfig.objects.filter(name=name).update(should_load=False, last_error="")
+            ServedModel.objects.filter(name=name).update(should_load=False, last_error="")
 
     def failed(self, spec: LoadSpec, error: str) -> None:
         # Only rows that exist: a refused load of a new name leaves nothing behind.
         with transaction.atomic():
-            ModelConfig.objects.filter(name=spec.name).update(last_error=error)
+            ServedModel.objects.filter(name=spec.name).update(last_error=error)
 
     def pinned(self, name: str, pinned: bool) -> None:
         with transaction.atomic():
-            ModelConfig.objects.filter(name=name).update(pinned=pinned)
+            ServedModel.objects.filter(name=name).update(pinned=pinned)
 
     def alias_set(self, alias: str, target: str) -> None:
         with transaction.atomic():
@@ -78,7 +78,7 @@ class DatabaseStore(Store):
 def _fields(spec: LoadSpec) -> dict:
     return {
         "name": spec.name,
-        "dies": list(spec.dies),
+        "dies": list(spec.config.dies),
         "pinned": spec.pinned,
-        **{key: getattr(spec, key) for key in OPTIONS},
+        **{key: getattr(spec.config, key) for key in OPTIONS},
     }

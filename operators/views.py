@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from operators import config, files
-from operators.rows import dies_listing, model_row, model_rows
+from operators.rows import model_row, model_rows
 from operators.serializers import (
     NAME_MAX,
     AliasRequest,
@@ -33,6 +33,7 @@ from pantheon_platform.runtime import (
     OperationFailed,
     OperatorError,
     PathNotAllowed,
+    dies_listing,
     get_runtime,
 )
 from pantheon_platform.strict_json import parse_json_object
@@ -154,7 +155,7 @@ class DiesView(APIView):
     """GET /admin/dies: empty with n_dies 0 on a host without accelerator dies."""
 
     def get(self, request):
-        return Response(dies_listing(get_runtime()))
+        return Response(dies_listing())
 
 
 class AvailableView(APIView):

@@ -16,9 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.backend:
-        import kernels
+        from pantheon_platform.runtime import backend_name
 
-        print(kernels.backend_name())
+        print(backend_name())
         return 0
     parser.print_help(sys.stderr)
     return 2

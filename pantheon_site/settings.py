@@ -39,6 +39,8 @@ PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per mo
 PANTHEON_KEY_MAX_SESSIONS  session ids one API key may hold per model (0: max_sessions // 2
                        while several keys could hold sessions, else no cap)
 PANTHEON_KEY_MAX_WATCHES   session watches one API key may hold per model (0: half, as above)
+PANTHEON_RESPONSES_IMPLICIT_TTL_S  seconds an idle implicit session (the Responses API's
+                       chain without a client session id) keeps its KV (300)
 PANTHEON_MAX_MESSAGES  `messages` a chat request may hold (4096)
 PANTHEON_MAX_TOOLS     `tools` a chat request may offer (128)
 PANTHEON_METRICS       0: no metrics or usage stats are counted, GET /metrics is 404 (1)
@@ -333,6 +335,9 @@ PANTHEON_ENGINE_OPTIONS = {
     # only while several keys could hold sessions (sessions/tenancy.py); > 0: always.
     "key_max_sessions": env_int("PANTHEON_KEY_MAX_SESSIONS", 0),
     "key_max_watches": env_int("PANTHEON_KEY_MAX_WATCHES", 0),
+    # Implicit sessions (a session id the server chose: /v1/responses without one of the
+    # client's) are a short-lived cache, evicted first when an explicit one needs a slot.
+    "session_implicit_ttl_s": float(env_int("PANTHEON_RESPONSES_IMPLICIT_TTL_S", 300)),
 }
 if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy", "cuda"):
     raise EnvError("PANTHEON_BACKEND must be auto, cpu, numpy or cuda")
@@ -350,11 +355,13 @@ _SESSION_LIMITS = (
     "max_watches",
     "key_max_sessions",
     "key_max_watches",
+    "session_implicit_ttl_s",
 )
 if min(PANTHEON_ENGINE_OPTIONS[key] for key in _SESSION_LIMITS) < 0:
     raise EnvError(
         "PN_SESSION_IDLE_TTL_MS, PN_SESSION_WATCH_GRACE_MS, PANTHEON_MAX_WATCHES, "
-        "PANTHEON_KEY_MAX_SESSIONS and PANTHEON_KEY_MAX_WATCHES must be >= 0"
+        "PANTHEON_KEY_MAX_SESSIONS, PANTHEON_KEY_MAX_WATCHES and "
+        "PANTHEON_RESPONSES_IMPLICIT_TTL_S must be >= 0"
     )
 # SIGTERM: seconds in-flight generations may take to finish before the server exits.
 PANTHEON_DRAIN_TIMEOUT = float(env_int("PANTHEON_DRAIN_TIMEOUT", 30))

@@ -37,6 +37,10 @@ filesystem-safe plus a short hash of the exact name, so two names never share a 
   .reason.txt next to it and a warning in the log. Stray temp files of an interrupted
   write are removed. Then the writer is attached and every restored session queued, so
   that the folder holds exactly what the table holds.
+
+Implicit sessions (the Responses API's server-chosen chain: engine.serving.sessions) are
+never written: a cache with a TTL of minutes is not worth tens of MB of disk, nor a slot
+held across a restart.
 """
 
 from __future__ import annotations
@@ -161,7 +165,7 @@ def spill(svc, folder: Path) -> dict[SessionKey, int]:
 
 
 def _spill_locked(svc, folder: Path) -> dict[SessionKey, int]:
-    held = svc.sessions.conversations()
+    held = svc.sessions.conversations(durable=True)  # implicit sessions are a cache only
     if not held and not folder.is_dir():
         return {}
     # Conversations are private: only the server's user may read them.
@@ -334,7 +338,7 @@ class DurableWriter:
     def _write(self, svc, folder: Path, key: SessionKey) -> None:
         """Make `folder` hold exactly `key`'s conversations: write those not on disk yet,
         delete its files past them (all of them when the session is gone)."""
-        conversations = svc.sessions.held(key)
+        conversations = svc.sessions.durable(key)  # none for an implicit session
         stem = file_stem(key)
         if conversations:
             folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ it becomes routable) the restored ones turn live and the rest go. "rejected" row
 file that failed validation) stay until an operator releases them.
 
 A row is (model, namespace, session id): the namespace is the API key that owns the
-session (engine.serving.sessions.SessionKey), so the same id under two keys is
+session (engine.serving.session_key.SessionKey), so the same id under two keys is
 two rows.
 
 Database errors are logged and never stop the thread or the server.

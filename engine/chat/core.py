@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
-from ..decoding.constraints import plan_response_format
+from ..decoding.response_format import plan_response_format
 from ..text.chat_template import ChatTemplateError
 from ..text.tokenizer import TooManyTokens
 from ..tools.dialects import ArgumentsDelta, CallOpened, ToolSpec, parse_tools
@@ -218,6 +218,7 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         params=turn.sampling,
         n=max(1, min(turn.n, MAX_CHOICES)),
         session_id=turn.session_id,
+        session_implicit=turn.session_implicit and turn.session_id is not None,
         cache_namespace=turn.cache_namespace,
         think_style=svc.think_style and not raw,  # a raw prompt's answer is plain text
         think_open=think_open,

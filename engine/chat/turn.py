@@ -27,6 +27,7 @@ class Turn:
     n: int = 1  # choices wanted; the core asks the engine for at most MAX_CHOICES
     # Prefix-cache key, already in the caller's key's namespace (sessions.tenancy).
     session_id: str | None = None
+    session_implicit: bool = False  # the server chose session_id (GenerationRequest's)
     # Whose prompts may share the prefix cache: the caller's key's namespace ("" open).
     cache_namespace: str = ""
     logprobs: bool = False  # the client wants per-token logprobs rendered

@@ -18,10 +18,11 @@ from collections.abc import Callable
 from ..text.tokenizer import Tokenizer
 from ..tools.dialects import ArgumentsDelta, CallOpened, TextDelta
 from ..types import GenerationRequest, TokenEvent, TokenLogprob
-from .constraints import OutputVerdict, check_output_async
+from .constraints import check_output_async
 from .reasoning import THINK_CLOSE, ReasoningBudget, ReasoningSplitter
 from .repetition import LoopDetector
 from .sampler import Sample
+from .schema_check import OutputVerdict
 from .state import DecodeState
 from .stop_strings import StopStringBuffer
 

@@ -71,7 +71,8 @@ from .scheduler import (
 from .session_blob import KVLayout, SessionSnapshot
 from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
-from .sessions import Conversation, Resume, SessionInfo, SessionKey, SessionTable
+from .session_key import SessionKey
+from .sessions import Conversation, Resume, SessionInfo, SessionTable
 from .slot_cache import SlotContents
 
 log = logging.getLogger("pantheon.engine.service")
@@ -258,6 +259,7 @@ class ModelService:
             max_watches=config.max_watches,
             key_max_sessions=config.key_max_sessions,
             key_max_watches=config.key_max_watches,
+            implicit_ttl_s=config.session_implicit_ttl_s,
         )
         self._last_reap = 0.0
         self._lock = threading.Lock()  # guards scheduler and _requests
@@ -544,7 +546,9 @@ class ModelService:
         n = max(1, min(request.n, MAX_CHOICES))
         session_id = request.session_id if self.sessions.enabled else None
         if session_id is not None:
-            self._begin_session_turn(session_id, len(request.prompt_ids))
+            self._begin_session_turn(
+                session_id, len(request.prompt_ids), implicit=request.session_implicit
+            )
         with self._lock:
             try:
                 req.group_id = self.scheduler.add(
@@ -582,9 +586,9 @@ class ModelService:
             if session_id is not None:
                 self.sessions.end_turn(session_id)
 
-    def _begin_session_turn(self, session_id: str, n_prompt: int) -> None:
+    def _begin_session_turn(self, session_id: str, n_prompt: int, *, implicit: bool) -> None:
         try:
-            self.sessions.begin_turn(session_id)
+            self.sessions.begin_turn(session_id, implicit=implicit)
         except SessionCapacity as exc:
             seconds, rate, measured = self.estimate_prefill_s(n_prompt)
             raise SessionCapacity(

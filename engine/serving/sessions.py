@@ -24,9 +24,17 @@ Conversations are immutable once parked (a turn replaces one, never edits it), s
 export can serialize one outside the lock while the engine keeps running.
 
 Residency: `max_sessions` counts ids. A new id while every one is held, or while its
-namespace holds its own cap, is refused (SessionCapacity); an idle id is dropped after `idle_ttl_s`; an id with a watch held is
-never dropped, and once its last watch is gone it is dropped after `watch_grace_s` unless
-a new watch arrives first.
+namespace holds its own cap, is refused (SessionCapacity); an idle id is dropped after
+`idle_ttl_s`; an id with a watch held is never dropped, and once its last watch is gone it
+is dropped after `watch_grace_s` unless a new watch arrives first.
+
+Implicit sessions (an id the server chose, not the client: the Responses API's chain) are
+a cache and nothing more: idle, one is dropped after `implicit_ttl_s`; it takes only a
+free slot (in the table and in its namespace: its own key's cap); a new explicit id that
+finds no free slot evicts implicit ones first, least recently used, idle before busy, so
+no key's implicit state makes anyone's explicit session wait; and `durable` leaves it
+out of what is written to disk. An explicit turn on an implicit id, or a restore into
+it, makes it explicit.
 
 Matching: a turn resumes from the conversation sharing the longest token prefix with its
 prompt (at least one prompt token is always computed, for the logits). When the turn
@@ -53,53 +61,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..types import SessionBusy, SessionCapacity, SessionNotFound, WatchUnavailable
+from .session_key import OPEN, SessionKey
 
 MAX_CONVERSATIONS = 4
-OPEN = "open"  # the namespace of a server with no API key, and of a plain str id
-
-
-class SessionKey(str):
-    """A session id (the str itself: what logs, file headers and replies show) in its
-    namespace. Equal only to a key of the same id and namespace; a plain str is the same
-    id in the OPEN namespace (equal to, and hashing like, SessionKey(id, OPEN))."""
-
-    namespace: str
-
-    def __new__(cls, session_id: str, namespace: str = OPEN) -> SessionKey:
-        key = super().__new__(cls, session_id)
-        key.namespace = namespace
-        return key
-
-    @classmethod
-    def of(cls, value: str) -> SessionKey:
-        """`value` as a key: a SessionKey as it is, a plain str in the OPEN namespace."""
-        return value if isinstance(value, SessionKey) else cls(value)
-
-    @property
-    def id(self) -> str:
-        return str.__str__(self)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, SessionKey):
-            return self.namespace == other.namespace and str.__eq__(self, other)
-        if isinstance(other, str):
-            return self.namespace == OPEN and str.__eq__(self, other)
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    def __hash__(self) -> int:
-        if self.namespace == OPEN:
-            return str.__hash__(self)
-        return hash((self.namespace, str.__str__(self)))
-
-    def __repr__(self) -> str:
-        return f"SessionKey({str.__repr__(self)}, {self.namespace!r})"
-
-    def __reduce__(self):
-        return (SessionKey, (str.__str__(self), self.namespace))
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,6 +103,7 @@ class SessionInfo:
     in_flight: int
     watches: int
     namespace: str = OPEN
+    implicit: bool = False
 
 
 @dataclass(eq=False)
@@ -149,6 +114,7 @@ class _Session:
     conversations: list[Conversation] = field(default_factory=list)  # least recent first
     in_flight: int = 0
     idle_ttl_s: float | None = None  # this id's own idle TTL (Ollama keep_alive); None: the table's
+    implicit: bool = False  # the server chose the id: a cache evicted first, never on disk
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -182,10 +148,12 @@ class SessionTable:
         max_watches: int = 64,
         key_max_sessions: int = 0,
         key_max_watches: int = 0,
+        implicit_ttl_s: float = 300.0,
         clock: Callable[[], float] = time.time,
     ):
         self.max_sessions = max_sessions
         self.idle_ttl_s = idle_ttl_s
+        self.implicit_ttl_s = implicit_ttl_s
         self.watch_grace_s = watch_grace_s
         self.max_watches = max_watches
         # Per namespace (every one but OPEN); 0: half the table's, at least 1, and only
@@ -219,14 +187,22 @@ class SessionTable:
 
     # --- turns ---------------------------------------------------------------------------
 
-    def begin_turn(self, session_id: str) -> None:
+    def begin_turn(self, session_id: str, *, implicit: bool = False) -> None:
         """A turn of `session_id` is admitted; a new id needs a free session slot (in the
-        table and in its namespace)."""
+        table and in its namespace; an explicit one evicts implicit sessions to get it).
+        `implicit`: the server chose the id; an explicit turn makes an implicit id explicit."""
         key = SessionKey.of(session_id)
         with self._lock:
-            session = self._sessions.get(key) or self._new_locked(key)
+            session = self._sessions.get(key)
+            evicted = []
+            if session is None:
+                session, evicted = self._new_locked(key, implicit)
+            elif not implicit:
+                session.implicit = False
             session.in_flight += 1
             session.last_used = self.clock()
+        for victim in evicted:
+            self._changed(victim)
 
     def end_turn(self, session_id: str) -> None:
         key = SessionKey.of(session_id)
@@ -284,12 +260,16 @@ class SessionTable:
                 raise SessionBusy(
                     f"a turn is in flight on session {key.id!r}; retry after it completes"
                 )
+            evicted = []
             if session is None:
-                session = self._new_locked(key)
+                session, evicted = self._new_locked(key, False)
+            session.implicit = False  # a restore is the client's own doing
             session.last_used = self.clock()
             self._add_locked(
                 session, conversation, _furthest(session.conversations, conversation.tokens)
             )
+        for victim in evicted:
+            self._changed(victim)
         self._changed(key)
 
     def release(self, session_id: str) -> bool:
@@ -302,6 +282,16 @@ class SessionTable:
             self._changed(key)
         return released
 
+    def release_implicit(self, session_id: str) -> bool:
+        """Release the id only if it is an implicit session (its owner is done with the
+        chain that made it); an explicit one is the client's to release. False if not."""
+        key = SessionKey.of(session_id)
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is None or not session.implicit:
+                return False
+        return self.release(key)
+
     def set_idle_ttl(self, session_id: str, seconds: float | None) -> bool:
         """Give one id its own idle TTL (an Ollama client's keep_alive): 0 drops it at the
         next reap once its turn is over, math.inf keeps it until released; None: back to
@@ -313,10 +303,10 @@ class SessionTable:
             session.idle_ttl_s = None if seconds is None else max(0.0, float(seconds))
             return True
 
-    def would_admit(self, session_id: str) -> bool:
+    def would_admit(self, session_id: str, *, implicit: bool = False) -> bool:
         key = SessionKey.of(session_id)
         with self._lock:
-            return key in self._sessions or self._refusal_locked(key) is None
+            return key in self._sessions or self._room_locked(key, implicit)[0] is None
 
     def held(self, session_id: str) -> list[Conversation]:
         """The id's conversations, least recently used first ([] when it holds none)."""
@@ -324,6 +314,13 @@ class SessionTable:
         with self._lock:
             session = self._sessions.get(key)
             return list(session.conversations) if session is not None else []
+
+    def durable(self, session_id: str) -> list[Conversation]:
+        """What a write to disk keeps of the id: its conversations, none if it is implicit."""
+        key = SessionKey.of(session_id)
+        with self._lock:
+            session = self._sessions.get(key)
+            return list(session.conversations) if session and not session.implicit else []
 
     def owners(self, session_id: str) -> list[SessionKey]:
         """Every key that holds the bare id `session_id`, one per namespace (an operator's
@@ -382,8 +379,7 @@ class SessionTable:
             for key, session in list(self._sessions.items()):
                 if session.in_flight or self._watches.get(key) or key in self._grace:
                     continue  # a watch's grace, not the idle TTL, decides for those
-                ttl = self.idle_ttl_s if session.idle_ttl_s is None else session.idle_ttl_s
-                if now - session.last_used >= ttl:
+                if now - session.last_used >= self._ttl(session):
                     del self._sessions[key]
                     dropped.append(key)
         for key in dropped:
@@ -394,12 +390,16 @@ class SessionTable:
         with self._lock:
             return [self._info_locked(s) for s in self._sessions.values()]
 
-    def conversations(self) -> list[tuple[SessionKey, Conversation, float, float]]:
-        """Every (session key, conversation, created, last used), for a spill to disk."""
+    def conversations(
+        self, *, durable: bool = False
+    ) -> list[tuple[SessionKey, Conversation, float, float]]:
+        """Every (session key, conversation, created, last used); `durable`: those a spill
+        to disk keeps (implicit sessions left out)."""
         with self._lock:
             return [
                 (s.session_id, c, s.created, s.last_used)
                 for s in self._sessions.values()
+                if not (durable and s.implicit)
                 for c in s.conversations
             ]
 
@@ -422,12 +422,18 @@ class SessionTable:
         except Exception:  # an answer that cannot be had: the safe side
             return True
 
-    def _refusal_locked(self, key: SessionKey) -> str | None:
-        """Why a new id `key` cannot have a slot now, or None when it can."""
-        if len(self._sessions) >= self.max_sessions:
+    def _ttl(self, session: _Session) -> float:
+        if session.idle_ttl_s is not None:
+            return session.idle_ttl_s
+        return self.implicit_ttl_s if session.implicit else self.idle_ttl_s
+
+    def _refusal_locked(self, key: SessionKey, gone: Sequence[SessionKey] = ()) -> str | None:
+        """Why a new id `key` cannot have a slot now, or None when it can (once the
+        sessions `gone` are evicted)."""
+        if len(self._sessions) - len(gone) >= self.max_sessions:
             return f"all {self.max_sessions} session slots hold live sessions"
         if self._capped_locked(key, self._sessions_cap_set):
-            mine = sum(1 for k in self._sessions if k.namespace == key.namespace)
+            mine = sum(1 for k in self._sessions if k.namespace == key.namespace and k not in gone)
             if mine >= self.key_max_sessions:
                 return (
                     f"this API key holds {mine} live sessions, its limit "
@@ -435,14 +441,41 @@ class SessionTable:
                 )
         return None
 
-    def _new_locked(self, key: SessionKey) -> _Session:
-        refusal = self._refusal_locked(key)
+    def _room_locked(self, key: SessionKey, implicit: bool) -> tuple[str | None, list]:
+        """(why a new id `key` cannot have a slot, or None; the implicit sessions to evict
+        first so that it can). An implicit id takes only a free slot; an explicit one
+        evicts implicit ones, least recently used and idle first: in any namespace while
+        the table is full, in its own while its namespace is at its cap."""
+        gone: list[SessionKey] = []
+        while (refusal := self._refusal_locked(key, gone)) is not None and not implicit:
+            full = len(self._sessions) - len(gone) >= self.max_sessions
+            candidates = [
+                s
+                for k, s in self._sessions.items()
+                if s.implicit and k not in gone and (full or k.namespace == key.namespace)
+            ]
+            if not candidates:
+                break
+            victim = min(
+                candidates,
+                key=lambda s: (bool(s.in_flight or self._watches.get(s.session_id)), s.last_used),
+            )
+            gone.append(victim.session_id)
+        return refusal, [] if refusal is not None else gone
+
+    def _new_locked(self, key: SessionKey, implicit: bool) -> tuple[_Session, list[SessionKey]]:
+        """A new session for `key` (SessionCapacity when there is no room) and the
+        implicit sessions evicted to make room for it."""
+        refusal, evict = self._room_locked(key, implicit)
         if refusal is not None:
             raise SessionCapacity(refusal)
+        for victim in evict:
+            self._grace.pop(victim, None)
+            del self._sessions[victim]
         now = self.clock()
-        session = _Session(key, created=now, last_used=now)
+        session = _Session(key, created=now, last_used=now, implicit=implicit)
         self._sessions[key] = session
-        return session
+        return session, evict
 
     def _add_locked(self, session: _Session, conversation: Conversation, resumed: Resume) -> bool:
         convs = session.conversations
@@ -469,4 +502,5 @@ class SessionTable:
             in_flight=s.in_flight,
             watches=self._watches.get(s.session_id, 0),
             namespace=s.session_id.namespace,
+            implicit=s.implicit,
         )

@@ -124,15 +124,13 @@ def _spm_merges(tokens: list[str], types: list[int], scores: list[float], vocab:
     # (piece index, left id, right id) of every split, in piece then cut order: compiled
     # where the CPU kernels are built (gemma3's 262k pieces have ~1.2M cuts: ~3x faster
     # than this loop, which took ~2 s of its first load), the same rows either way.
-    ext = _compiled_kernels()
-    if ext is not None:
+    splits = _compiled_splits()
+    if splits is not None:
         normal = [
             kind == TOKEN_NORMAL and len(piece) >= 2
             for piece, kind in zip(tokens, types, strict=True)
         ]
-        owner, left, right = (
-            np.frombuffer(b, dtype=np.int64) for b in ext.spm_pairs(list(tokens), normal, vocab)
-        )
+        owner, left, right = splits(list(tokens), normal, vocab)
     else:
         rows = [
             (i, vocab[piece[:cut]], vocab[piece[cut:]])
@@ -155,13 +153,11 @@ def _spm_merges(tokens: list[str], types: list[int], scores: list[float], vocab:
     ]
 
 
-def _compiled_kernels():
-    """kernels._cpu where it was built (it carries the SentencePiece split helper)."""
-    try:
-        from kernels import _cpu
-    except ImportError:
-        return None
-    return _cpu if hasattr(_cpu, "spm_pairs") else None
+def _compiled_splits():
+    """The compiled kernels' SentencePiece split function where they were built, else None."""
+    from kernels import compiled_spm_splits
+
+    return compiled_spm_splits()
 
 
 def spm_merges_of(source: Any) -> list[tuple[str, str]]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import llguidance
 
-from engine.decoding.constraints import (
+from engine.decoding.response_format import (
     _COMPILE_DEFAULTS,
     _STRICT,
     ConstraintPlan,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from ..decoding.constraints import plan_response_format
+from ..decoding.response_format import plan_response_format
 from .dialects import Dialect, ToolSpec, parse_tools
 from .grammar import tool_call_plan
 

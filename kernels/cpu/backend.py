@@ -30,6 +30,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from kernels.backend import BLOCKS, DENSE
+from kernels.cpu import load_extension
 from kernels.devices import threads
 from kernels.reference.backend import NumpyBackend
 from kernels.weights import Weight, parts_of, stack_parts
@@ -81,15 +82,6 @@ def set_activations(ext, name: str) -> str:
     except ValueError as exc:
         log.warning("%s=%s not used: %s", ACTIVATIONS_ENV, name, exc)
     return ext.activations()
-
-
-def load_extension():
-    """The compiled module, or None when it was not built (the caller says so)."""
-    try:
-        from kernels import _cpu
-    except ImportError:
-        return None
-    return _cpu
 
 
 class CpuBackend(NumpyBackend):

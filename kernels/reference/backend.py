@@ -10,11 +10,10 @@ import contextlib
 from collections.abc import Sequence
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from kernels.backend import Backend
 from kernels.kv_cache import KVCache
+from kernels.quants import dequantize_rows
 from kernels.weights import RopeTable, Weight
 
 xp = np
@@ -179,11 +178,6 @@ def linear_rows(x: np.ndarray, w: np.ndarray, chunks: list[tuple[int, int]]) -> 
     for begin, end in chunks:
         np.matmul(rows, w[begin:end].T, out=out[:, :, begin:end])
     return out[:, 0]
-
-
-def dequantize_rows(blocks: np.ndarray, qtype: GGMLQuantizationType, dtype) -> np.ndarray:
-    """GGUF blocks (rows, bytes per row) -> (rows, in) values: the dequantisation oracle."""
-    return dequantize(blocks, qtype).astype(dtype, copy=False)
 
 
 class NumpyBackend(Backend):

@@ -64,6 +64,6 @@ def tiny(rt):
     """`tiny` loaded: the model the attacks try to unload."""
     from pantheon_platform.runtime import LoadSpec
 
-    rt.load(LoadSpec(name="tiny", path="tiny.gguf"))
+    rt.load(LoadSpec.of(name="tiny", path="tiny.gguf"))
     assert "tiny" in rt.services()
     return rt

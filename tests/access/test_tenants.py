@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from engine.serving.session_blob import SessionSnapshot, encode, read_header
-from engine.serving.sessions import OPEN, Conversation, SessionKey, SessionTable
+from engine.serving.session_key import OPEN, SessionKey
+from engine.serving.sessions import Conversation, SessionTable
 from engine.types import SessionCapacity, WatchUnavailable
 from tests.access.asgi_raw import request
 from tests.access.helpers import bearer, call, console_key, in_db

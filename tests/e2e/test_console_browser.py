@@ -104,7 +104,7 @@ def test_an_operator_loads_a_model_from_the_console(tmp_path):
                 page.fill("#id_name", "from-console")
                 page.click("#load-file-form input[type=submit]")
                 page.wait_for_selector("text=Loaded from-console.")
-                assert page.url.endswith("/console/operators/modelconfig/")
+                assert page.url.endswith("/console/operators/servedmodel/")
                 row = page.locator("tr", has_text="from-console").inner_text()
                 assert "loaded" in row
             finally:

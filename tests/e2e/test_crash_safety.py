@@ -84,7 +84,7 @@ def database(data: Path) -> sqlite3.Connection:
 def model_rows(data: Path) -> dict[str, tuple[int, int]]:
     """{name: (should_load, pinned)} of the operator's model table."""
     with database(data) as db:
-        rows = db.execute("SELECT name, should_load, pinned FROM operators_modelconfig")
+        rows = db.execute("SELECT name, should_load, pinned FROM operators_servedmodel")
         return {name: (should_load, pinned) for name, should_load, pinned in rows}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.serving.sessions import SessionKey
+from engine.serving.session_key import SessionKey
 from sessions.persistence import SUFFIX, file_stem, model_folder
 from tests.conftest import SMOLLM2_NAME
 from tests.e2e.daphne_server import Server, running_server

@@ -80,7 +80,7 @@ def test_a_loading_model_shows_its_progress(empty_runtime, tmp_path, settings):
     empty_runtime.add_progress_hook(
         lambda name, p: seen.append(dashboard.model_rows(empty_runtime, {})[0])
     )
-    empty_runtime.load(LoadSpec(name="tiny", path=str(folder / "tiny.gguf")))
+    empty_runtime.load(LoadSpec.of(name="tiny", path=str(folder / "tiny.gguf")))
     try:
         assert {row["state"] for row in seen} == {"loading"}
         fractions = [row["progress"]["fraction"] for row in seen]

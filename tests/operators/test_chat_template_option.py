@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from operators.models import ModelConfig
+from operators.models import ServedModel
 from operators.store import DatabaseStore
 from pantheon_platform.runtime import MAX_CHAT_TEMPLATE_BYTES, LoadSpec, Runtime
 from tests.operators.helpers import error_of
@@ -45,7 +45,7 @@ def test_a_template_string_replaces_the_ggufs(api, rt, smol):
     ids = svc.encode_chat(HI)
     assert ids == svc.tokenizer.encode(THINK_PROMPT)
     assert "<think>" in svc.tokenizer.decode(ids)
-    assert rt.instance("thinker").spec.chat_template == THINK_TEMPLATE
+    assert rt.instance("thinker").spec.config.chat_template == THINK_TEMPLATE
 
 
 def test_a_template_file_in_a_model_folder_replaces_the_ggufs(api, rt, smol, model_dir):
@@ -58,7 +58,7 @@ def test_a_template_file_in_a_model_folder_replaces_the_ggufs(api, rt, smol, mod
     svc = rt.services()["thinker"]
     assert svc.encode_chat(HI) == svc.tokenizer.encode(THINK_PROMPT)
     # The spec keeps what the operator sent; the engine got the text.
-    assert rt.instance("thinker").spec.chat_template == "think.jinja"
+    assert rt.instance("thinker").spec.config.chat_template == "think.jinja"
 
 
 def test_without_the_option_the_ggufs_template_is_used(api, rt, model_dir):
@@ -104,11 +104,11 @@ def test_a_non_string_template_is_400(api, rt, model_dir):
 
 
 def test_the_engine_refuses_a_template_that_does_not_compile(model_dir):
+    from engine import ModelConfig
     from engine.serving.service import ModelService
-    from engine.types import ModelConfig as EngineConfig
     from engine.types import ModelLoadError
 
-    config = EngineConfig(name="x", path=str(model_dir / "tiny.gguf"), chat_template="{% if %}")
+    config = ModelConfig(name="x", path=str(model_dir / "tiny.gguf"), chat_template="{% if %}")
     with pytest.raises(ModelLoadError, match="chat_template"):
         ModelService.load(config)
 
@@ -116,10 +116,10 @@ def test_the_engine_refuses_a_template_that_does_not_compile(model_dir):
 def test_a_restart_keeps_the_option_and_reads_the_file_again(db_rt, model_dir):
     template = model_dir / "chat.jinja"
     template.write_text(THINK_TEMPLATE)
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf", chat_template="chat.jinja"))
-    db_rt.load(LoadSpec(name="inline", path="tiny.gguf", chat_template=THINK_TEMPLATE))
-    assert ModelConfig.objects.get(name="chat").chat_template == "chat.jinja"
-    assert ModelConfig.objects.get(name="inline").chat_template == THINK_TEMPLATE
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf", chat_template="chat.jinja"))
+    db_rt.load(LoadSpec.of(name="inline", path="tiny.gguf", chat_template=THINK_TEMPLATE))
+    assert ServedModel.objects.get(name="chat").chat_template == "chat.jinja"
+    assert ServedModel.objects.get(name="inline").chat_template == THINK_TEMPLATE
     assert db_rt.services()["chat"].template.source == THINK_TEMPLATE
     db_rt.close()
 
@@ -131,6 +131,6 @@ def test_a_restart_keeps_the_option_and_reads_the_file_again(db_rt, model_dir):
         assert after.wait_loaded(30)
         assert after.services()["chat"].template.source == edited
         assert after.services()["inline"].template.source == THINK_TEMPLATE
-        assert after.instance("chat").spec.chat_template == "chat.jinja"
+        assert after.instance("chat").spec.config.chat_template == "chat.jinja"
     finally:
         after.close()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from operators.models import Alias, ModelConfig
+from operators.models import Alias, ServedModel
 from pantheon_platform.runtime import LoadSpec
 
-CHANGELIST = "/console/operators/modelconfig/"
+CHANGELIST = "/console/operators/servedmodel/"
 LOAD_FILE = CHANGELIST + "load-file/"
 
 
@@ -22,7 +22,7 @@ def console(db_rt, django_user_model) -> Client:
     return client
 
 
-def action(console: Client, name: str, *rows: ModelConfig):
+def action(console: Client, name: str, *rows: ServedModel):
     return console.post(
         CHANGELIST, {"action": name, "_selected_action": [r.pk for r in rows]}, follow=True
     )
@@ -38,9 +38,9 @@ def test_the_console_needs_a_login():
 
 
 def test_the_change_list_shows_live_status(console, db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf", ctx_cap=100_000))
-    ModelConfig.objects.create(name="idle", path=str(model_dir / "other.gguf"))
-    ModelConfig.objects.create(
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf", ctx_cap=100_000))
+    ServedModel.objects.create(name="idle", path=str(model_dir / "other.gguf"))
+    ServedModel.objects.create(
         name="broken", path=str(model_dir / "x.gguf"), last_error="model file not found: x.gguf"
     )
     page = console.get(CHANGELIST).content.decode()
@@ -60,28 +60,28 @@ def test_the_change_list_shows_live_status(console, db_rt, model_dir):
 
 
 def test_load_unload_pin_and_unpin_actions(console, db_rt, model_dir):
-    row = ModelConfig.objects.create(name="chat", path=str(model_dir / "tiny.gguf"))
+    row = ServedModel.objects.create(name="chat", path=str(model_dir / "tiny.gguf"))
 
     assert "Loaded chat." in messages_of(action(console, "load_selected", row))
     assert set(db_rt.services()) == {"chat"}
     action(console, "pin_selected", row)
-    assert db_rt.instance("chat").pinned and ModelConfig.objects.get(pk=row.pk).pinned
+    assert db_rt.instance("chat").pinned and ServedModel.objects.get(pk=row.pk).pinned
     action(console, "unpin_selected", row)
     assert not db_rt.instance("chat").pinned
 
     assert "Unloaded chat." in messages_of(action(console, "unload_selected", row))
     assert db_rt.services() == {}
-    assert ModelConfig.objects.get(pk=row.pk).should_load is False
+    assert ServedModel.objects.get(pk=row.pk).should_load is False
     # Pinning a model that is not loaded applies at its next load.
     action(console, "pin_selected", row)
-    assert ModelConfig.objects.get(pk=row.pk).pinned
+    assert ServedModel.objects.get(pk=row.pk).pinned
 
 
 def test_a_failing_load_action_says_why(console, db_rt, model_dir):
-    row = ModelConfig.objects.create(name="gone", path=str(model_dir / "gone.gguf"))
+    row = ServedModel.objects.create(name="gone", path=str(model_dir / "gone.gguf"))
     [message] = messages_of(action(console, "load_selected", row))
     assert message.startswith("gone: model file not found")
-    assert "not found" in ModelConfig.objects.get(pk=row.pk).last_error
+    assert "not found" in ServedModel.objects.get(pk=row.pk).last_error
 
 
 def test_the_load_form_offers_the_model_files_and_loads_one(console, db_rt, model_dir):
@@ -97,7 +97,7 @@ def test_the_load_form_offers_the_model_files_and_loads_one(console, db_rt, mode
     )
     assert "Loaded web." in messages_of(response)
     assert db_rt.services()["web"].context_window == 64
-    assert ModelConfig.objects.get(name="web").should_load
+    assert ServedModel.objects.get(name="web").should_load
 
 
 def test_the_load_form_takes_a_chat_template(console, db_rt, model_dir):
@@ -109,7 +109,7 @@ def test_the_load_form_takes_a_chat_template(console, db_rt, model_dir):
     )
     assert "Loaded templated." in messages_of(response)
     assert db_rt.services()["templated"].template.source == template
-    assert ModelConfig.objects.get(name="templated").chat_template == template
+    assert ServedModel.objects.get(name="templated").chat_template == template
     response = console.post(
         LOAD_FILE, {"file": str(model_dir / "tiny.gguf"), "chat_template": "{% if %}"}
     )
@@ -140,17 +140,17 @@ def test_a_config_path_outside_the_model_folders_is_refused(console, db_rt, mode
         },
     )
     assert "outside the model folders" in response.content.decode()
-    assert not ModelConfig.objects.exists()
+    assert not ServedModel.objects.exists()
 
 
 def test_a_loaded_model_cannot_be_deleted(console, db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf"))
-    row = ModelConfig.objects.get(name="chat")
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf"))
+    row = ServedModel.objects.get(name="chat")
     assert console.get(f"{CHANGELIST}{row.pk}/delete/").status_code == 403
 
 
 def test_aliases_go_through_the_registry(console, db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf"))
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf"))
     response = console.post("/console/operators/alias/add/", {"alias": "gpt-4o", "target": "chat"})
     assert response.status_code == 302
     assert db_rt.resolve("gpt-4o")[0] == "chat"

@@ -25,10 +25,10 @@ from engine.loading.progress import (
 )
 from engine.serving.service import ModelService
 from engine.types import ModelConfig
-from operators.models import ModelConfig as ModelRow
+from operators.models import ServedModel
 from pantheon_platform.runtime import LoadSpec
 
-CHANGELIST = "/console/operators/modelconfig/"
+CHANGELIST = "/console/operators/servedmodel/"
 GATE_TIMEOUT_S = 120  # a held load goes on by itself after this (a test that never came back)
 
 
@@ -94,7 +94,7 @@ def step_through(gate: Gate, thread: threading.Thread, check) -> list[LoadProgre
 def test_admin_models_and_health_show_each_step_of_a_load(rt, model_dir, api):
     gate = Gate()
     rt.add_progress_hook(gate)
-    thread, errors = start_load(rt, LoadSpec(name="tiny", path="tiny.gguf", max_sessions=2))
+    thread, errors = start_load(rt, LoadSpec.of(name="tiny", path="tiny.gguf", max_sessions=2))
 
     def check(progress: LoadProgress) -> None:
         rows = {r["id"]: r for r in api.get("/admin/models").json()["data"]}
@@ -167,10 +167,10 @@ def test_the_console_draws_a_progress_bar_while_a_model_loads(db_rt, model_dir, 
 
     client = Client()
     client.force_login(console_user)
-    ModelRow.objects.create(name="tiny", path=str(model_dir / "tiny.gguf"))
+    ServedModel.objects.create(name="tiny", path=str(model_dir / "tiny.gguf"))
     gate = Gate()
     db_rt.add_progress_hook(gate)
-    thread, errors = start_load(db_rt, LoadSpec(name="tiny", path="tiny.gguf"))
+    thread, errors = start_load(db_rt, LoadSpec.of(name="tiny", path="tiny.gguf"))
     values = []
 
     def check(progress: LoadProgress) -> None:

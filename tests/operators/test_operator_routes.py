@@ -206,10 +206,10 @@ def test_a_load_of_a_loading_name_is_409(api, rt, model_dir, monkeypatch):
         first.join(10)
 
 
-def _spec(name):
+def _spec(name, path="tiny.gguf"):
     from pantheon_platform.runtime import LoadSpec
 
-    return LoadSpec(name=name, path="tiny.gguf")
+    return LoadSpec.of(name=name, path=path)
 
 
 # --- POST /admin/models/unload --------------------------------------------------------
@@ -260,7 +260,7 @@ def test_an_unload_past_its_timeout_says_it_is_still_draining(api, rt, settings)
 
 
 def test_unloading_a_model_that_failed_at_start_forgets_it(api, rt, model_dir):
-    rt.start_loading([_spec("broken").__class__(name="broken", path="missing.gguf")])
+    rt.start_loading([_spec("broken", path="missing.gguf")])
     assert rt.wait_loaded(10)
     assert api.get("/").json()["models"] == {"broken": "failed"}
     assert api.post(UNLOAD, {"name": "broken"}).json()["unloaded"] == "broken"

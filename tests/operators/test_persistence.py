@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.models import Alias, ModelConfig
+from operators.models import Alias, ServedModel
 from operators.store import DatabaseStore
 from pantheon_platform.runtime import FAILED, LoadSpec, Runtime, Store
 
@@ -20,11 +20,11 @@ def restart() -> Runtime:
 
 
 def test_loads_unloads_pins_and_aliases_are_recorded(db_rt, model_dir):
-    db_rt.load(LoadSpec(name="chat", path="tiny.gguf", ctx_cap=128, max_sessions=2, pinned=True))
-    db_rt.load(LoadSpec(name="second", path="other.gguf"))
+    db_rt.load(LoadSpec.of(name="chat", path="tiny.gguf", ctx_cap=128, max_sessions=2, pinned=True))
+    db_rt.load(LoadSpec.of(name="second", path="other.gguf"))
     db_rt.set_alias("gpt-4o", "chat")
 
-    row = ModelConfig.objects.get(name="chat")
+    row = ServedModel.objects.get(name="chat")
     assert row.path == str(model_dir / "tiny.gguf")  # resolved, as loaded
     assert (row.ctx_cap, row.max_sessions, row.pinned, row.should_load) == (128, 2, True, True)
     assert row.loaded_at is not None and row.last_error == ""
@@ -33,16 +33,16 @@ def test_loads_unloads_pins_and_aliases_are_recorded(db_rt, model_dir):
     db_rt.unload("second")
     db_rt.set_pinned("chat", False)
     db_rt.delete_alias("gpt-4o")
-    assert ModelConfig.objects.get(name="second").should_load is False
-    assert ModelConfig.objects.get(name="chat").pinned is False
+    assert ServedModel.objects.get(name="second").should_load is False
+    assert ServedModel.objects.get(name="chat").pinned is False
     assert not Alias.objects.exists()
 
 
 def test_an_eviction_is_recorded_as_an_unload(db_rt, model_dir, settings):
     settings.PANTHEON_MAX_LOADED_MODELS = 1
-    db_rt.load(LoadSpec(name="old", path="tiny.gguf"))
-    db_rt.load(LoadSpec(name="new", path="tiny.gguf"))
-    assert dict(ModelConfig.objects.values_list("name", "should_load")) == {
+    db_rt.load(LoadSpec.of(name="old", path="tiny.gguf"))
+    db_rt.load(LoadSpec.of(name="new", path="tiny.gguf"))
+    assert dict(ServedModel.objects.values_list("name", "should_load")) == {
         "old": False,
         "new": True,
     }
@@ -50,8 +50,8 @@ def test_an_eviction_is_recorded_as_an_unload(db_rt, model_dir, settings):
 
 def test_a_restart_loads_what_was_loaded_with_its_pins_and_aliases(db_rt, model_dir, settings):
     settings.PANTHEON_MODELS = [{"name": "from-env", "path": str(model_dir / "tiny.gguf")}]
-    db_rt.load(LoadSpec(name="kept", path="tiny.gguf", ctx_cap=64, pinned=True))
-    db_rt.load(LoadSpec(name="dropped", path="other.gguf"))
+    db_rt.load(LoadSpec.of(name="kept", path="tiny.gguf", ctx_cap=64, pinned=True))
+    db_rt.load(LoadSpec.of(name="dropped", path="other.gguf"))
     db_rt.unload("dropped")
     db_rt.set_alias("fast", "kept")
     db_rt.close()
@@ -62,7 +62,7 @@ def test_a_restart_loads_what_was_loaded_with_its_pins_and_aliases(db_rt, model_
         info = after.instance("kept")
         assert info.pinned and info.svc.context_window == 64 and info.aliases == ("fast",)
         assert after.resolve("fast")[0] == "kept"
-        assert not ModelConfig.objects.filter(name="from-env").exists()
+        assert not ServedModel.objects.filter(name="from-env").exists()
     finally:
         after.close()
 
@@ -74,20 +74,20 @@ def test_an_empty_database_is_seeded_from_pantheon_models(transactional_db, mode
     rt = restart()
     try:
         assert set(rt.services()) == {"seeded"}
-        row = ModelConfig.objects.get(name="seeded")
+        row = ServedModel.objects.get(name="seeded")
         assert (row.should_load, row.ctx_cap, row.max_sessions) == (True, 32, 1)
     finally:
         rt.close()
 
 
 def test_a_failed_start_up_load_is_recorded_and_the_others_load(transactional_db, model_dir):
-    ModelConfig.objects.create(name="gone", path=str(model_dir / "gone.gguf"), should_load=True)
-    ModelConfig.objects.create(name="good", path=str(model_dir / "tiny.gguf"), should_load=True)
+    ServedModel.objects.create(name="gone", path=str(model_dir / "gone.gguf"), should_load=True)
+    ServedModel.objects.create(name="good", path=str(model_dir / "tiny.gguf"), should_load=True)
     rt = restart()
     try:
         assert set(rt.services()) == {"good"}
         assert rt.states()["gone"].state == FAILED
-        row = ModelConfig.objects.get(name="gone")
+        row = ServedModel.objects.get(name="gone")
         assert "not found" in row.last_error
         assert row.should_load  # tried again at the next start, unless unloaded
     finally:
@@ -95,18 +95,18 @@ def test_a_failed_start_up_load_is_recorded_and_the_others_load(transactional_db
 
 
 def test_a_row_moved_outside_the_model_folders_is_refused_at_start(transactional_db, model_dir):
-    ModelConfig.objects.create(name="escaped", path="/etc/passwd", should_load=True)
+    ServedModel.objects.create(name="escaped", path="/etc/passwd", should_load=True)
     rt = restart()
     try:
         assert rt.states()["escaped"].state == FAILED
-        assert "outside the model folders" in ModelConfig.objects.get(name="escaped").last_error
+        assert "outside the model folders" in ServedModel.objects.get(name="escaped").last_error
     finally:
         rt.close()
 
 
 class UnreadableStore(Store):
     def startup(self, seed):
-        raise RuntimeError("no such table: operators_modelconfig")
+        raise RuntimeError("no such table: operators_servedmodel")
 
 
 def test_an_unreadable_store_falls_back_to_pantheon_models(model_dir, settings, caplog):

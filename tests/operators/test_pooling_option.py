@@ -35,9 +35,9 @@ def test_an_unknown_pooling_is_a_400(api, rt, model_dir):
 
 
 def test_the_store_keeps_the_pooling_for_the_next_start(api, db_rt, model_dir):
-    from operators.models import ModelConfig
+    from operators.models import ServedModel
     from operators.store import spec_of
 
     response = api.post(LOAD, {"path": "tiny.gguf", "name": "cls", "pooling": "cls"})
     assert response.status_code == 200, response.content
-    assert spec_of(ModelConfig.objects.get(name="cls")).pooling == "cls"
+    assert spec_of(ServedModel.objects.get(name="cls")).config.pooling == "cls"

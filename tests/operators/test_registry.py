@@ -27,7 +27,7 @@ from tests.tiny_gguf import write_tiny_llama
 
 
 def spec(name: str, path: str = "tiny.gguf", **options) -> LoadSpec:
-    return LoadSpec(name=name, path=path, **options)
+    return LoadSpec.of(name=name, path=path, **options)
 
 
 def loaded(rt) -> set[str]:

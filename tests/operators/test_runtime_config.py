@@ -179,10 +179,10 @@ def test_what_a_patch_stored_is_read_back_by_a_fresh_process(api, model_dir):
 
     rt = Runtime(DatabaseStore())
     try:
-        rt.load(LoadSpec(name="a", path="tiny.gguf"))
+        rt.load(LoadSpec.of(name="a", path="tiny.gguf"))
         assert rt.instance("a").svc.scheduler.queue_depth == 2
         assert rt.instance("a").svc.scheduler.queue_timeout_s == 7.0
-        rt.load(LoadSpec(name="b", path="other.gguf"))  # evicts a: max_loaded_models 1
+        rt.load(LoadSpec.of(name="b", path="other.gguf"))  # evicts a: max_loaded_models 1
         assert [i.name for i in rt.instances()] == ["b"]
     finally:
         rt.close()

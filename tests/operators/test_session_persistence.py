@@ -235,7 +235,7 @@ def test_a_load_hook_runs_after_the_load_before_the_model_is_routable(rt, model_
     rt.add_load_hook(broken)
     rt.add_load_hook(hook)
     with caplog.at_level(logging.ERROR, logger="pantheon.runtime"):
-        info = rt.load(LoadSpec(name="chat", path="tiny.gguf"))
+        info = rt.load(LoadSpec.of(name="chat", path="tiny.gguf"))
     assert calls == [("chat", info.svc, False)]
     assert set(rt.services()) == {"chat"}  # a failing hook does not fail the load
     assert "hook trouble" in caplog.text
@@ -273,7 +273,7 @@ def test_sessions_survive_an_unload_and_reload_through_the_hooks(
     "spilled", the next load restores the files and the rows are live again."""
     settings.DATA_DIR = tmp_path / "data"
     rt.add_load_hook(persistence.restore_on_load)
-    svc = rt.load(LoadSpec(name="chat", path="tiny.gguf")).svc
+    svc = rt.load(LoadSpec.of(name="chat", path="tiny.gguf")).svc
     turn(svc, [1, 2, 3, 4, 5], "tiny-session", max_tokens=3)
     (history,) = held(svc)["tiny-session"]
     assert records.sync_now()
@@ -292,7 +292,7 @@ def test_sessions_survive_an_unload_and_reload_through_the_hooks(
     assert records.sync_now()  # the model is gone: its spilled row waits for it
     assert SessionRecord.objects.get(session_id="tiny-session").state == "spilled"
 
-    svc = rt.load(LoadSpec(name="chat", path="tiny.gguf")).svc
+    svc = rt.load(LoadSpec.of(name="chat", path="tiny.gguf")).svc
     assert held(svc) == {"tiny-session": [history]}
     assert spill_files(folder) == [f"{file_stem('tiny-session')}-0{SUFFIX}"]
     _, usage = turn(svc, [*history, 7], "tiny-session", max_tokens=1)
@@ -304,7 +304,7 @@ def test_sessions_survive_an_unload_and_reload_through_the_hooks(
 def test_a_rejected_spill_file_marks_its_row_rejected(rt, model_dir, db, settings, tmp_path):
     settings.DATA_DIR = tmp_path / "data"
     rt.add_load_hook(persistence.restore_on_load)
-    svc = rt.load(LoadSpec(name="chat", path="tiny.gguf")).svc
+    svc = rt.load(LoadSpec.of(name="chat", path="tiny.gguf")).svc
     turn(svc, [1, 2, 3, 4, 5], "doomed", max_tokens=3)
     try:
         persistence.spill_on_exit()
@@ -315,7 +315,7 @@ def test_a_rejected_spill_file_marks_its_row_rejected(rt, model_dir, db, setting
     (path,) = folder.glob("*" + SUFFIX)
     path.write_bytes(path.read_bytes()[:-1])  # truncated
 
-    rt.load(LoadSpec(name="chat", path="tiny.gguf"))
+    rt.load(LoadSpec.of(name="chat", path="tiny.gguf"))
     assert (folder / REJECTED_DIR / path.name).is_file()
     assert records.sync_now()
     row = SessionRecord.objects.get(session_id="doomed")
@@ -329,12 +329,12 @@ def test_an_unloaded_model_s_sessions_come_back_with_its_next_load(
     settings.DATA_DIR = tmp_path / "data"
     rt.add_load_hook(persistence.restore_on_load)
     rt.add_unload_hook(persistence.spill_on_unload)
-    svc = rt.load(LoadSpec(name="chat", path="tiny.gguf")).svc
+    svc = rt.load(LoadSpec.of(name="chat", path="tiny.gguf")).svc
     turn(svc, [1, 2, 3, 4, 5], "kept", max_tokens=3)
     (history,) = held(svc)["kept"]
     rt.unload("chat")
     assert SessionRecord.objects.get(session_id="kept").state == "spilled"
-    svc = rt.load(LoadSpec(name="chat", path="tiny.gguf")).svc
+    svc = rt.load(LoadSpec.of(name="chat", path="tiny.gguf")).svc
     assert held(svc) == {"kept": [history]}
     _, usage = turn(svc, [*history, 7], "kept", max_tokens=1)
     assert usage.cached_tokens == len(history)

@@ -6,11 +6,8 @@ pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."
 
 from __future__ import annotations
 
-from django.conf import settings
-
 from pantheon_platform.errors import ANTHROPIC_ERROR_TYPES as ERROR_TYPES
 from pantheon_platform.openapi import (
-    BOOL,
     JSON,
     NON_NEGATIVE,
     RETRY_AFTER,
@@ -22,142 +19,22 @@ from pantheon_platform.openapi import (
     ref,
     sse_event,
 )
-from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS
+from pantheon_platform.strict_json import IDENTIFIER_MAX
 from wire.anthropic.render import STOP_REASONS
-from wire.anthropic.request import THINKING_TYPES, UNSEEABLE_BLOCKS
+from wire.anthropic.request import COUNT, REQUEST
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
 
 
 def schemas() -> dict:
-    ident = {"type": "string", "maxLength": IDENTIFIER_MAX}
-    text = obj({"type": {"const": "text"}, "text": STRING}, ("type", "text"))
-    block = obj(
-        {
-            "type": {
-                "type": "string",
-                "description": "user: text, tool_result; assistant: text, thinking, "
-                "redacted_thinking (dropped), tool_use. "
-                + ", ".join(UNSEEABLE_BLOCKS)
-                + " blocks are a 400 naming the block: no model here can read them.",
-            },
-            "text": STRING,
-            "thinking": STRING,
-            "signature": STRING,
-            "id": STRING,
-            "name": STRING,
-            "input": {"type": "object"},
-            "tool_use_id": STRING,
-            "content": {"anyOf": [STRING, {"type": "array", "items": text}]},
-            "is_error": BOOL,
-        },
-        ("type",),
-        additionalProperties=True,
-    )
-    message = obj(
-        {
-            "role": {"enum": ["user", "assistant"]},
-            "content": {"anyOf": [STRING, {"type": "array", "items": block}]},
-        },
-        ("role", "content"),
-        description="The last message must be the user's (an assistant prefill is a 400).",
-    )
-    tool = obj(
-        {
-            "type": {"const": "custom"},
-            "name": {"type": "string", "minLength": 1},
-            "description": STRING,
-            "input_schema": {"type": "object"},
-        },
-        ("name", "input_schema"),
-        additionalProperties=True,
-        description="Custom tools only: Anthropic's server tools (web search, bash, ...) "
-        "are a 400.",
-    )
-    tool_choice = obj(
-        {
-            "type": {"enum": ["auto", "any", "tool", "none"]},
-            "name": STRING,
-            "disable_parallel_tool_use": BOOL,
-        },
-        ("type",),
-        description="any: a call is compelled; tool: that tool is (name required); "
-        "any and tool need `tools`.",
-    )
-    thinking = obj(
-        {
-            "type": {"enum": list(THINKING_TYPES)},
-            "budget_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_BOUND - 1},
-        },
-        ("type",),
-        additionalProperties=True,
-        description="enabled (budget_tokens required): think, the block closed after that "
-        "many tokens; adaptive: think within the model's budget; disabled: no thinking. "
-        "Absent: the server's default. Only think-style templates think.",
-    )
-    shared = {
-        "model": nullable(ident),
-        "messages": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": settings.PANTHEON_MAX_MESSAGES,
-            "items": message,
-        },
-        "system": {"anyOf": [STRING, {"type": "array", "items": text}, {"type": "null"}]},
-        "tools": nullable(
-            {"type": "array", "maxItems": settings.PANTHEON_MAX_TOOLS, "items": tool}
-        ),
-        "tool_choice": nullable(tool_choice),
-        "thinking": nullable(thinking),
-        "output_config": nullable(
-            obj(
-                {
-                    "format": nullable(
-                        obj(
-                            {"type": {"const": "json_schema"}, "schema": {"type": "object"}},
-                            ("type", "schema"),
-                        )
-                    ),
-                    "effort": {"description": "Accepted, not used."},
-                },
-                additionalProperties=True,
-                description="format: the answer is held to this JSON schema.",
-            )
-        ),
-        "session_id": nullable(
-            {
-                **ident,
-                "description": "Extension: the prefix-cache session (else X-Session-Id).",
-            }
-        ),
-    }
-    request = obj(
-        {
-            **shared,
-            "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_BOUND - 1},
-            "temperature": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "top_k": nullable({"type": "integer", "minimum": 0, "maximum": (1 << 31) - 1}),
-            "stop_sequences": nullable(
-                {"type": "array", "maxItems": MAX_STOP_STRINGS, "items": ident}
-            ),
-            "stream": nullable(BOOL),
-            "metadata": nullable(obj({"user_id": nullable(ident)}, additionalProperties=True)),
-            "seed": nullable(
-                {
-                    "type": "integer",
-                    "minimum": 1 - INT64_BOUND,
-                    "maximum": INT64_BOUND - 1,
-                    "description": "Extension: the sampler's seed.",
-                }
-            ),
-        },
-        ("messages", "max_tokens"),
+    """The request bodies are the parser's tables (wire/anthropic/request.py); the
+    answers are typed here."""
+    request = REQUEST.schema(
         additionalProperties=True,
         description="Anthropic's Messages request. Other fields are ignored.",
     )
-    count = obj(shared, ("messages",), additionalProperties=True)
+    count = COUNT.schema(additionalProperties=True)
     content_block = {
         "oneOf": [
             obj({"type": {"const": "text"}, "text": STRING}, ("type", "text")),

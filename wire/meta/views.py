@@ -17,8 +17,6 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-import kernels
-from kernels.devices.graphs import SUMMARY_KEYS
 from pantheon_platform import live_settings, shutdown
 from pantheon_platform.errors import (
     ApiError,
@@ -28,7 +26,16 @@ from pantheon_platform.errors import (
     method_not_allowed,
     not_found,
 )
-from pantheon_platform.runtime import FAILED, LOADING, UNLOADING, build_id, get_runtime
+from pantheon_platform.runtime import (
+    FAILED,
+    GRAPH_SUMMARY_KEYS,
+    LOADING,
+    UNLOADING,
+    backend_name,
+    build_id,
+    device_facts,
+    get_runtime,
+)
 from pantheon_platform.strict_json import parse_json_object
 
 log = logging.getLogger("pantheon.http")
@@ -37,34 +44,29 @@ log = logging.getLogger("pantheon.http")
 # --- GET / --------------------------------------------------------------------------
 
 
-def _backend_setting() -> str:
-    return getattr(settings, "PANTHEON_ENGINE_OPTIONS", {}).get("backend", "auto")
-
-
 class HealthView(APIView):
     """GET /: always 200; says what this process runs on and what is (still) loading."""
 
     def get(self, request):
         services = get_runtime().services()
         states = get_runtime().states()
+        device = device_facts()
         body = {
             "service": "pantheon",
             "status": "ok",
-            "backend": kernels.backend_name(),
+            "backend": device.backend,
             # The compiled CPU kernels, or "numpy" when they could not be built: said, not
             # silent (each model's row says what it loaded with).
-            "kernel": kernels.kernel_name(_backend_setting()),
+            "kernel": device.kernel,
             "build": build_id(),
             "accelerator": any(svc.on_accelerator for svc in services.values()),
-            "dies_visible": kernels.dies_visible(),
+            "dies_visible": device.dies_visible,
             "models": {name: s.state for name, s in states.items()},
         }
-        isa = kernels.kernel_isa(_backend_setting())
-        if isa:
-            body["kernel_isa"] = isa
-        activations = kernels.kernel_activations(_backend_setting())
-        if activations:
-            body["kernel_activations"] = activations
+        if device.kernel_isa:
+            body["kernel_isa"] = device.kernel_isa
+        if device.kernel_activations:
+            body["kernel_activations"] = device.kernel_activations
         load_errors = {name: s.error for name, s in states.items() if s.state == FAILED}
         if load_errors:
             body["load_errors"] = load_errors
@@ -96,7 +98,7 @@ def model_row(name: str, svc) -> dict:
         row["context_window"] = svc.context_window
     graphs = svc.graphs
     if graphs:  # decode steps through CUDA-graph slots, once one was exercised
-        row["graphs"] = {k: graphs[k] for k in SUMMARY_KEYS}
+        row["graphs"] = {k: graphs[k] for k in GRAPH_SUMMARY_KEYS}
     attention = svc.attention
     if attention:  # a model on dies, once a pass has reached its layers
         row["attention"] = {k: attention[k] for k in ("ondie", "host", "total")}
@@ -110,7 +112,7 @@ class ModelsView(APIView):
         services = get_runtime().services()
         data = [model_row(name, svc) for name, svc in sorted(services.items())]
         return Response(
-            {"object": "list", "backend": kernels.backend_name(), "build": build_id(), "data": data}
+            {"object": "list", "backend": backend_name(), "build": build_id(), "data": data}
         )
 
 

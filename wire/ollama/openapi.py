@@ -10,30 +10,20 @@ pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."
 
 from __future__ import annotations
 
-from django.conf import settings
-
-from pantheon_platform.durations import DURATION_MAX_CHARS
 from pantheon_platform.openapi import (
     BOOL,
-    FINITE,
-    INT64,
     JSON,
     NON_NEGATIVE,
     NUMBER,
     STRING,
 )
 from pantheon_platform.openapi import RETRY_AFTER as _RETRY_AFTER
-from pantheon_platform.openapi import nullable as _nullable
 from pantheon_platform.openapi import obj as _object
 from pantheon_platform.openapi import operation as _operation
-from pantheon_platform.strict_json import IDENTIFIER_MAX, MAX_STOP_STRINGS
+from pantheon_platform.strict_json import IDENTIFIER_MAX
+from wire.ollama.conversation import TOOL_CALL
 from wire.ollama.render import NDJSON
-from wire.ollama.request import (
-    DURATION_PATTERN,
-    MAX_EMBED_INPUTS,
-    MESSAGE_ROLES,
-    THINK_LEVELS,
-)
+from wire.ollama.request import CHAT, EMBED, EMBEDDINGS, GENERATE, SHOW
 from wire.ollama.views import MANAGED, managed_method
 
 
@@ -42,105 +32,9 @@ def _ref(name: str) -> dict:
 
 
 def schemas() -> dict:
-    model = {"type": "string", "minLength": 1, "maxLength": IDENTIFIER_MAX}
-    keep_alive = _nullable(
-        {
-            "anyOf": [
-                FINITE,
-                {"type": "string", "maxLength": DURATION_MAX_CHARS, "pattern": DURATION_PATTERN},
-            ],
-            "description": 'Seconds or a duration ("5m", "-1"): accepted; models stay '
-            "loaded as the operator loaded them.",
-        }
-    )
-    options = _nullable(
-        _object(
-            {
-                "num_predict": _nullable({**INT64, "description": "<= 0: the default, 1024."}),
-                "num_ctx": _nullable(
-                    {
-                        **INT64,
-                        "minimum": 1,
-                        "description": "Above the served window: a 400 (not truncated).",
-                    }
-                ),
-                "temperature": _nullable({"type": "number", "minimum": -100, "maximum": 100}),
-                "top_k": _nullable(
-                    {"type": "integer", "minimum": -(1 << 31), "maximum": (1 << 31) - 1}
-                ),
-                "top_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-                "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-                "seed": _nullable(INT64),
-                "stop": _nullable(
-                    {
-                        "anyOf": [
-                            {"type": "string", "maxLength": IDENTIFIER_MAX},
-                            {
-                                "type": "array",
-                                "maxItems": MAX_STOP_STRINGS,
-                                "items": {"type": "string", "maxLength": IDENTIFIER_MAX},
-                            },
-                        ]
-                    }
-                ),
-                "repeat_penalty": _nullable(
-                    {"type": "number", "exclusiveMinimum": 0, "maximum": 100}
-                ),
-                "presence_penalty": _nullable(FINITE),
-                "frequency_penalty": _nullable(FINITE),
-            },
-            additionalProperties=True,
-            description="Sampling options; unknown ones are ignored (as Ollama does).",
-        )
-    )
-    call = _object(
-        {
-            "id": STRING,
-            "function": _object(
-                {
-                    "index": NON_NEGATIVE,
-                    "name": STRING,
-                    "arguments": {"type": "object"},
-                },
-                ("name", "arguments"),
-            ),
-        },
-        ("function",),
-    )
-    message = _object(
-        {
-            "role": {"enum": list(MESSAGE_ROLES)},
-            "content": _nullable(STRING),
-            "thinking": _nullable(STRING),
-            "images": _nullable(
-                {
-                    "type": "array",
-                    "maxItems": 0,
-                    "description": "Images are a 400 naming the field: no model here reads them.",
-                }
-            ),
-            "tool_calls": _nullable({"type": "array", "items": call}),
-            "tool_name": _nullable(STRING),
-            "tool_call_id": _nullable(STRING),
-        },
-        ("role",),
-        additionalProperties=True,
-    )
-    common = {
-        "model": model,
-        "stream": _nullable({**BOOL, "description": "Default true: NDJSON lines."}),
-        "format": _nullable(
-            {
-                "anyOf": [{"enum": ["", "json"]}, {"type": "object"}],
-                "description": 'A JSON schema, or "json".',
-            }
-        ),
-        "options": options,
-        "keep_alive": keep_alive,
-        "think": _nullable({"anyOf": [BOOL, {"enum": list(THINK_LEVELS)}]}),
-        "logprobs": _nullable(BOOL),
-        "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 20}),
-    }
+    """The request bodies are the parser's tables (wire/ollama/request.py); the answers
+    are typed here."""
+    call = TOOL_CALL.schema()
     durations = {
         "done": BOOL,
         "done_reason": STRING,
@@ -172,48 +66,8 @@ def schemas() -> dict:
         "details": details,
     }
     return {
-        "OllamaChatRequest": _object(
-            {
-                **common,
-                "messages": _nullable(
-                    {
-                        "type": "array",
-                        "maxItems": settings.PANTHEON_MAX_MESSAGES,
-                        "items": message,
-                        "description": 'Empty or absent: Ollama\'s "load the model" answer.',
-                    }
-                ),
-                "tools": _nullable(
-                    {
-                        "type": "array",
-                        "maxItems": settings.PANTHEON_MAX_TOOLS,
-                        "items": _object(
-                            {"type": {"const": "function"}, "function": {"type": "object"}},
-                            ("function",),
-                            additionalProperties=True,
-                        ),
-                    }
-                ),
-            },
-            ("model",),
-            additionalProperties=True,
-        ),
-        "OllamaGenerateRequest": _object(
-            {
-                **common,
-                "prompt": _nullable(STRING),
-                "system": _nullable(STRING),
-                "raw": _nullable({**BOOL, "description": "The prompt as is: no template."}),
-                "template": _nullable({**STRING, "description": "Non-empty: a 400."}),
-                "suffix": _nullable({**STRING, "description": "Non-empty: a 400."}),
-                "context": _nullable(
-                    {"type": "array", "maxItems": 0, "description": "Non-empty: a 400."}
-                ),
-                "images": _nullable({"type": "array", "maxItems": 0}),
-            },
-            ("model",),
-            additionalProperties=True,
-        ),
+        "OllamaChatRequest": CHAT.schema(additionalProperties=True),
+        "OllamaGenerateRequest": GENERATE.schema(additionalProperties=True),
         "OllamaChatResponse": _object(
             {
                 "model": STRING,
@@ -243,33 +97,8 @@ def schemas() -> dict:
             },
             ("model", "created_at", "response", "done"),
         ),
-        "OllamaEmbedRequest": _object(
-            {
-                "model": model,
-                "input": {
-                    "anyOf": [
-                        STRING,
-                        {"type": "array", "maxItems": MAX_EMBED_INPUTS, "items": STRING},
-                    ]
-                },
-                "truncate": _nullable(BOOL),
-                "dimensions": _nullable(INT64),
-                "options": options,
-                "keep_alive": keep_alive,
-            },
-            ("model",),
-            additionalProperties=True,
-        ),
-        "OllamaEmbeddingsRequest": _object(
-            {
-                "model": model,
-                "prompt": _nullable(STRING),
-                "options": options,
-                "keep_alive": keep_alive,
-            },
-            ("model",),
-            additionalProperties=True,
-        ),
+        "OllamaEmbedRequest": EMBED.schema(additionalProperties=True),
+        "OllamaEmbeddingsRequest": EMBEDDINGS.schema(additionalProperties=True),
         "OllamaEmbedResponse": _object(
             {
                 "model": STRING,
@@ -283,10 +112,7 @@ def schemas() -> dict:
         "OllamaEmbeddingsResponse": _object(
             {"embedding": {"type": "array", "items": NUMBER}}, ("embedding",)
         ),
-        "OllamaModelRequest": _object(
-            {"model": model, "name": model, "verbose": _nullable(BOOL)},
-            additionalProperties=True,
-        ),
+        "OllamaModelRequest": SHOW.schema(additionalProperties=True),
         "OllamaTags": _object(
             {"models": {"type": "array", "items": _object(row, tuple(row))}}, ("models",)
         ),

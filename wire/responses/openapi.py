@@ -5,11 +5,8 @@ pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."
 
 from __future__ import annotations
 
-from django.conf import settings
-
 from pantheon_platform.openapi import (
     BOOL,
-    INT64,
     JSON,
     NON_NEGATIVE,
     NUMBER,
@@ -23,184 +20,16 @@ from pantheon_platform.openapi import (
     session_header,
     sse_event,
 )
-from pantheon_platform.strict_json import IDENTIFIER_MAX
-from wire.responses.request import (
-    EFFORT_BUDGETS,
-    INPUT_ROLES,
-    METADATA_KEY_MAX,
-    METADATA_MAX_PAIRS,
-    METADATA_VALUE_MAX,
-    TEMPERATURE_MAX,
-)
+from wire.responses.request import REQUEST
 
 RESPONSES_PATH = "/v1/responses"
 RESPONSE_PATH = "/v1/responses/{response_id}"
 
 
-def _texts() -> dict:
-    """A message's content: a string or text parts (input_text, output_text, refusal)."""
-    part = obj(
-        {
-            "type": {"enum": ["input_text", "output_text", "text", "refusal"]},
-            "text": STRING,
-            "refusal": STRING,
-        },
-        ("type",),
-        description="Text. input_image, input_file and input_audio parts are refused "
-        "(400 naming the part): no loaded model reads them.",
-    )
-    return {"anyOf": [STRING, {"type": "array", "items": part}]}
-
-
 def schemas() -> dict:
-    ident = {"type": "string", "maxLength": IDENTIFIER_MAX}
-    message_item = obj(
-        {
-            "type": {"const": "message"},
-            "role": {"enum": list(INPUT_ROLES), "description": "developer is read as system."},
-            "content": _texts(),
-        },
-        ("role", "content"),
-    )
-    function_call_item = obj(
-        {
-            "type": {"const": "function_call"},
-            "call_id": {**ident, "minLength": 1},
-            "name": {**ident, "minLength": 1},
-            "arguments": {"type": "string", "description": "The arguments as JSON text."},
-        },
-        ("type", "call_id", "name", "arguments"),
-    )
-    function_output_item = obj(
-        {
-            "type": {"const": "function_call_output"},
-            "call_id": {**ident, "minLength": 1},
-            "output": _texts(),
-        },
-        ("type", "call_id", "output"),
-    )
-    reasoning_item = obj(
-        {
-            "type": {"const": "reasoning"},
-            "content": {
-                "type": "array",
-                "items": obj({"type": STRING, "text": STRING}, ("text",)),
-            },
-        },
-        ("type",),
-        description="Its text becomes the next assistant turn's reasoning.",
-    )
-    function_tool = obj(
-        {
-            "type": {"const": "function"},
-            "name": {"type": "string", "minLength": 1},
-            "description": nullable(STRING),
-            "parameters": nullable({"type": "object"}),
-            "strict": nullable(BOOL),
-        },
-        ("type", "name"),
-        description="A function tool (Responses' flat shape). Other tool types are 400.",
-    )
-    text_format = {
-        "anyOf": [
-            obj({"type": {"enum": ["text", "json_object"]}}, ("type",)),
-            obj(
-                {
-                    "type": {"const": "json_schema"},
-                    "name": {"type": "string", "minLength": 1, "maxLength": 64},
-                    "schema": {"type": "object"},
-                    "strict": nullable(BOOL),
-                    "description": nullable(STRING),
-                },
-                ("type", "name", "schema"),
-            ),
-        ]
-    }
-    request = obj(
-        {
-            "model": nullable(
-                {**ident, "description": "Served name or alias; with one model any value."}
-            ),
-            "input": {
-                "anyOf": [
-                    STRING,
-                    {
-                        "type": "array",
-                        "maxItems": settings.PANTHEON_MAX_MESSAGES,
-                        "items": {
-                            "anyOf": [
-                                message_item,
-                                function_call_item,
-                                function_output_item,
-                                reasoning_item,
-                            ]
-                        },
-                    },
-                ],
-                "description": "Required unless previous_response_id is given.",
-            },
-            "instructions": nullable(
-                {"type": "string", "description": "A system message; not carried over."}
-            ),
-            "tools": nullable(
-                {"type": "array", "maxItems": settings.PANTHEON_MAX_TOOLS, "items": function_tool}
-            ),
-            "tool_choice": nullable(
-                {
-                    "anyOf": [
-                        {"enum": ["auto", "none", "required"]},
-                        obj({"type": {"const": "function"}, "name": STRING}, ("type", "name")),
-                    ]
-                }
-            ),
-            "text": nullable(
-                obj(
-                    {
-                        "format": nullable(text_format),
-                        "verbosity": nullable({"enum": ["low", "medium", "high"]}),
-                    }
-                )
-            ),
-            "reasoning": nullable(
-                obj(
-                    {
-                        "effort": nullable(
-                            {
-                                "enum": list(EFFORT_BUDGETS),
-                                "description": "none/minimal: no thinking; low 512, medium "
-                                "2048, high 8192, xhigh 16384 reasoning tokens; max: no "
-                                "budget (think-style templates only).",
-                            }
-                        ),
-                        "summary": nullable({"enum": ["auto", "concise", "detailed"]}),
-                    }
-                )
-            ),
-            "temperature": nullable({"type": "number", "minimum": 0, "maximum": TEMPERATURE_MAX}),
-            "top_p": nullable({"type": "number", "minimum": 0, "maximum": 1}),
-            "max_output_tokens": nullable({**INT64, "minimum": 1, "description": "Default 1024."}),
-            "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": 20}),
-            "seed": nullable(INT64),
-            "store": nullable({"type": "boolean", "description": "Default true."}),
-            "stream": nullable(BOOL),
-            "parallel_tool_calls": nullable(BOOL),
-            "previous_response_id": nullable(ident),
-            "prompt_cache_key": nullable(
-                {**ident, "description": "The session id (prefix cache) to run under."}
-            ),
-            "session_id": nullable(ident),
-            "metadata": nullable(
-                {
-                    "type": "object",
-                    "maxProperties": METADATA_MAX_PAIRS,
-                    "propertyNames": {"maxLength": METADATA_KEY_MAX},
-                    "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX},
-                }
-            ),
-            "background": nullable({"const": False}),
-        },
-        additionalProperties=True,
-    )
+    """The request body is the parser's table (wire/responses/request.py); the answers
+    are typed here."""
+    request = REQUEST.schema(additionalProperties=True)
     output_text = obj(
         {"type": {"const": "output_text"}, "text": STRING, "annotations": {"type": "array"}},
         ("type", "text", "annotations"),

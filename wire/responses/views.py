@@ -11,8 +11,16 @@ session id, so the engine resumes from the previous turn's KV (usage reports the
 tokens). Without a session id of its own (`prompt_cache_key`, `session_id`,
 X-Session-Id), a turn runs under IMPLICIT_SESSION in the caller's namespace: one session
 id holding the key's most recent conversations (the engine keeps a few per id and
-matches the longest shared prefix). When no session slot is free for it, the turn runs
-without one (cached_tokens 0) rather than being refused.
+matches the longest shared prefix).
+
+A session id the server chose is implicit (engine.serving.sessions): a cache that makes
+no one wait. It counts against its own key's session cap, is dropped after
+PANTHEON_RESPONSES_IMPLICIT_TTL_S idle, is evicted first when an explicit session needs
+its slot, and is never written to disk. When no free slot is left for it, the turn runs
+without one (cached_tokens 0) rather than being refused. `store: false` without a
+session id runs without a session: nothing could continue it. Deleting a response
+releases the implicit session it ran under once no other stored response of the key
+names that session (an explicit one is the client's to release: POST /session/release).
 """
 
 from __future__ import annotations
@@ -24,11 +32,11 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine import FinishEvent, GenerationFailed, InvalidTurn, SessionCapacity, Turn
+from engine import FinishEvent, GenerationFailed, InvalidTurn, SessionCapacity, SessionKey, Turn
 from pantheon_platform import tenancy
 from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
 from pantheon_platform.errors import (
@@ -38,6 +46,7 @@ from pantheon_platform.errors import (
     json_response,
     method_not_allowed,
 )
+from pantheon_platform.runtime import get_runtime
 from pantheon_platform.sse import EventStreamResponse
 from pantheon_platform.strict_json import IDENTIFIER_MAX, parse_json_object
 from wire.responses.models import StoredResponse
@@ -69,10 +78,11 @@ async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse
         raise invalid_request("input: expected at least one item", param="input")
     messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
     messages += conversation
-    session_id, fallback = _session(request, req, previous)
+    session_id, implicit = _session(request, req, previous)
     response_id = new_id("resp")
     turn = Turn(
         messages=tuple(messages),
+        session_implicit=implicit,
         tools=req.tools,
         tool_choice=req.tool_choice,
         response_format=req.response_format,
@@ -89,7 +99,7 @@ async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse
         )
     except InvalidTurn as exc:
         raise invalid_request(exc.message, _PARAMS.get(exc.param, exc.param)) from None
-    started, first = await _first_event(started, fallback)
+    started, first = await _first_event(started, implicit)
     saved_session = session_id if started.session_id is not None else None
     turn_state = _TurnState(
         request=req,
@@ -106,34 +116,37 @@ async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse
     return await _complete(started.events, first, builder, turn_state)
 
 
-def _session(request, req: ResponsesRequest, previous) -> tuple[str, bool]:
-    """(the session id the turn runs under, whether it may run without one when no
-    session slot is free): the client's own (prompt_cache_key, session_id, the
-    X-Session-Id header) is kept to as the chat route does; else the previous
-    response's, else IMPLICIT_SESSION."""
+def _session(request, req: ResponsesRequest, previous) -> tuple[str | None, bool]:
+    """(the session id the turn runs under, None for none; whether the server chose it:
+    an implicit session, which runs without one when no session slot is free): the
+    client's own (prompt_cache_key, session_id, the X-Session-Id header) is kept to as
+    the chat route does; else none for a response not stored (nothing can continue it);
+    else the previous response's, else IMPLICIT_SESSION."""
     explicit = req.session_id or request.headers.get("X-Session-Id")
     if explicit:
         if len(explicit) > IDENTIFIER_MAX:
             raise invalid_request(f"X-Session-Id: at most {IDENTIFIER_MAX} characters")
         return explicit, False
+    if not req.store:
+        return None, False
     if previous is not None and previous.session_id:
         return previous.session_id, True
     return IMPLICIT_SESSION, True
 
 
-async def _first_event(started: StartedTurn, fallback: bool):
-    """Start the generation (its refusals raised here, before any byte is sent). A
-    session id the server chose that finds no free session slot is dropped: the turn
-    runs uncached instead of being refused."""
+async def _first_event(started: StartedTurn, implicit: bool):
+    """Start the generation (its refusals raised here, before any byte is sent). An
+    implicit session (an id the server chose) that finds no free session slot is dropped:
+    the turn runs uncached instead of being refused."""
     try:
         return started, await first_event(started.events)
     except SessionCapacity:
-        if not fallback:
+        if not implicit:
             raise
     prepared = replace(
         started.prepared,
-        request=replace(started.prepared.request, session_id=None),
-        turn=replace(started.prepared.turn, session_id=None),
+        request=replace(started.prepared.request, session_id=None, session_implicit=False),
+        turn=replace(started.prepared.turn, session_id=None, session_implicit=False),
     )
     started = started.rerun(prepared)
     return started, await first_event(started.events)
@@ -309,9 +322,35 @@ def _find(namespace: str, response_id: str) -> StoredResponse | None:
     return StoredResponse.objects.filter(id=response_id, namespace=namespace).first()
 
 
-def _delete(namespace: str, response_id: str) -> bool:
-    deleted, _ = StoredResponse.objects.filter(id=response_id, namespace=namespace).delete()
-    return deleted > 0
+@dataclass(frozen=True)
+class _Deleted:
+    model: str
+    session_id: str | None  # the session its turn ran under (None: none)
+    last: bool  # no other stored response of the key names that session
+
+
+def _delete(namespace: str, response_id: str) -> _Deleted | None:
+    """Forget the caller's stored response; None when it has none of that id."""
+    with transaction.atomic():
+        stored = StoredResponse.objects.filter(id=response_id, namespace=namespace).first()
+        if stored is None:
+            return None
+        stored.delete()
+        others = StoredResponse.objects.filter(
+            namespace=namespace, model_name=stored.model_name, session_id=stored.session_id
+        )
+        last = stored.session_id is not None and not others.exists()
+    return _Deleted(stored.model_name, stored.session_id, last)
+
+
+def _release_implicit(namespace: str, deleted: _Deleted) -> None:
+    """The implicit session the deleted response ran under is released once no stored
+    response of the key names it (an explicit session is left alone: the client's)."""
+    if not deleted.last:
+        return
+    svc = get_runtime().services().get(deleted.model)
+    if svc is not None and svc.sessions.enabled:
+        svc.sessions.release_implicit(SessionKey(deleted.session_id, namespace))
 
 
 def _not_found(response_id: str, param: str | None = None) -> ApiError:
@@ -344,8 +383,12 @@ async def response_detail(request: HttpRequest, response_id: str) -> HttpRespons
         namespace = tenancy.namespace(request)
         if request.method == "GET":
             return json_response((await _stored(namespace, response_id)).body)
-        if not is_response_id(response_id) or not await _db(_delete, namespace, response_id):
+        deleted = (
+            await _db(_delete, namespace, response_id) if is_response_id(response_id) else None
+        )
+        if deleted is None:
             raise _not_found(response_id)
+        _release_implicit(namespace, deleted)
         return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
     except Exception as exc:
         error = api_error_from(exc)

@@ -27,11 +27,11 @@ def _vocab(seed: int):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_compiled_and_python_splits_give_the_same_merges(seed, monkeypatch):
-    if tokenizer._compiled_kernels() is None:
+    if tokenizer._compiled_splits() is None:
         pytest.skip("the compiled kernels are not built here")
     pieces, types, scores, vocab = _vocab(seed)
     compiled = tokenizer._spm_merges(pieces, types, scores, vocab)
-    monkeypatch.setattr(tokenizer, "_compiled_kernels", lambda: None)
+    monkeypatch.setattr(tokenizer, "_compiled_splits", lambda: None)
     python = tokenizer._spm_merges(pieces, types, scores, vocab)
     assert compiled == python and len(compiled) > 100
 
