@@ -3,7 +3,7 @@
 Written as code rather than generated (drf-spectacular): the chat route and the session
 routes are plain Django views that parse their JSON by hand, and /session/watch is a
 Channels consumer, so a generator would see empty bodies. Each app describes its own
-routes (`add_paths(paths)`, `schemas()` in wire/openai_chat/openapi.py,
+routes (`add_paths(paths)`, `schemas()` in wire/openapi.py (the meta and chat routes),
 wire/anthropic/openapi.py, operators/openapi.py, sessions/openapi.py,
 wire/responses/openapi.py, wire/completions/openapi.py, wire/ollama/openapi.py) with the
 building blocks of pantheon_platform/openapi.py, whose `serializer_schema` reads a request
@@ -24,7 +24,7 @@ import sessions.openapi as sessions_openapi
 import wire.anthropic.openapi as anthropic_openapi
 import wire.completions.openapi as textapi_openapi
 import wire.ollama.openapi as ollama_openapi
-import wire.openai_chat.openapi as inference_openapi
+import wire.openapi as wire_openapi
 import wire.responses.openapi as responses_openapi
 from pantheon_platform import routes
 from pantheon_platform.errors import json_response, method_not_allowed
@@ -42,11 +42,11 @@ from pantheon_platform.openapi import (
 )
 
 OPENAPI_VERSION = "3.1.0"
-DEBUG_PATH = inference_openapi.DEBUG_PATH
+DEBUG_PATH = wire_openapi.DEBUG_PATH
 
 # The pieces, in the document's order: (add_paths, schemas).
 PIECES = (
-    inference_openapi,  # /, /v1/models, /v1/chat/completions, /health, the /v1-less aliases
+    wire_openapi,  # /, /v1/models, /v1/chat/completions, /health, the /v1-less aliases
     operators_openapi,  # /admin/models, /admin/aliases, ...
     sessions_openapi,  # /admin/session/export, /session/...
     responses_openapi,  # /v1/responses, /v1/responses/{response_id}
@@ -171,7 +171,7 @@ def _paths(debug_routes: bool) -> dict[str, dict]:
     for piece in PIECES:
         piece.add_paths(paths)
     if debug_routes:
-        inference_openapi.add_debug_paths(paths)
+        wire_openapi.add_debug_paths(paths)
     for path, item in paths.items():
         for method, op in item.items():
             if method in METHODS:

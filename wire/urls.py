@@ -1,14 +1,15 @@
 from django.urls import include, path
 
 from wire.anthropic import views as anthropic_views
-from wire.completions import completions, embeddings, tokenize
+from wire.completions import embeddings, tokenize
+from wire.completions import views as completion_views
 from wire.meta import views as meta_views
 from wire.openai_chat import views
 
 # Exact paths, no trailing-slash variants: anything else is the JSON 404. Some clients
 # leave /v1 out of their base URL: /chat/completions and /models are the same routes.
 urlpatterns = [
-    path("", views.HealthView.as_view(), name="health"),
+    path("", meta_views.HealthView.as_view(), name="health"),
     path("health", meta_views.LlamaHealthView.as_view(), name="llama-health"),
     path("v1/models", meta_views.ModelsView.as_view(), name="models"),
     path("models", meta_views.ModelsView.as_view(), name="models-no-v1"),
@@ -19,7 +20,7 @@ urlpatterns = [
     path("chat/completions", views.chat_completions, name="chat-completions-no-v1"),
     path("v1/messages", anthropic_views.messages, name="anthropic-messages"),
     path("v1/messages/count_tokens", anthropic_views.count_tokens, name="anthropic-count-tokens"),
-    path("v1/completions", completions.completions, name="completions"),
+    path("v1/completions", completion_views.completions, name="completions"),
     path("v1/embeddings", embeddings.embeddings, name="embeddings"),
     path("tokenize", tokenize.tokenize, name="tokenize"),  # llama.cpp's
     path("detokenize", tokenize.detokenize, name="detokenize"),
@@ -28,7 +29,7 @@ urlpatterns = [
     # Operator test hook; answers the JSON 404 unless PANTHEON_DEBUG_ROUTES is on.
     path(
         "admin/debug/simulate-memory-pressure",
-        views.simulate_memory_pressure,
+        meta_views.simulate_memory_pressure,
         name="simulate-memory-pressure",
     ),
 ]

@@ -14,7 +14,7 @@ from kernels.devices import dies
 from operators.openapi import _INSTANCE
 from tests.operators.helpers import error_of
 from tests.operators.test_operator_routes import HI, UNLOAD, load
-from wire.openai_chat.openapi import _MODEL_ENTRY
+from wire.meta.openapi import _MODEL_ENTRY
 
 GIB = 1 << 30
 RESERVE = 1 << 20

@@ -9,14 +9,29 @@ built and the non-streamed body is what it built, so the two cannot disagree.
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import AsyncIterator
 
-from engine import ArgumentsDelta, CallOpened, ContextOverBudget, FinishEvent, TokenEvent, Usage
+from django.http import HttpResponse
+
+from engine import (
+    ArgumentsDelta,
+    CallOpened,
+    ContextOverBudget,
+    FinishEvent,
+    GenerationFailed,
+    TokenEvent,
+    Usage,
+)
+from pantheon_platform.chat_http import StartedTurn, one_choice
 from pantheon_platform.errors import (
     ApiError,
     anthropic_error_body,
     api_error_from,
     json_response,
 )
+
+log = logging.getLogger("pantheon.http")
 
 # The core's finish reasons as Anthropic's stop_reason (a loop cut by the detector ends
 # the turn: Anthropic has no reason for it).
@@ -194,3 +209,75 @@ def error_response(error: ApiError):
 
 def error_event(error: ApiError) -> bytes:
     return sse_event("error", error_json(error))
+
+
+# --- a turn's answer ---------------------------------------------------------------------
+
+
+async def complete(started: StartedTurn, message_id: str) -> HttpResponse:
+    blocks = Blocks()
+    finish = await one_choice(started.events, blocks.push)
+    body = message_json(
+        message_id, started.model, blocks.content(finish), finish, usage_json(finish.usage)
+    )
+    return json_response(body)
+
+
+async def stream_events(
+    started: StartedTurn, message_id: str, first: TokenEvent | FinishEvent
+) -> AsyncIterator[bytes]:
+    events = started.events
+    start = message_json(message_id, started.model, [], None, start_usage(started))
+    yield sse_event("message_start", {"type": "message_start", "message": start})
+    yield sse_event("ping", {"type": "ping"})
+    blocks = Blocks()
+    finish: FinishEvent | None = None
+    try:
+        event: TokenEvent | FinishEvent | None = first
+        while event is not None:
+            if isinstance(event, FinishEvent):
+                finish = event
+            else:
+                for name, payload in blocks.push(event):
+                    yield sse_event(name, payload)
+            event = await anext(events, None)
+    except Exception as exc:
+        # The status line is gone: Anthropic ends such a stream with an error event.
+        error = anthropic_error(exc)
+        if error.status == 500:
+            log.error("anthropic stream %s failed after it opened", message_id, exc_info=exc)
+        for name, payload in blocks.close():
+            yield sse_event(name, payload)
+        yield error_event(error)
+        return
+    finally:
+        # On normal end, on failure, and when the client disconnects: the engine stops.
+        await events.aclose()
+    for name, payload in blocks.close():
+        yield sse_event(name, payload)
+    if finish is None:
+        yield error_event(
+            anthropic_error(GenerationFailed("the engine stream ended without a finish event"))
+        )
+        return
+    reason, sequence = stop_reason(finish)
+    yield sse_event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": usage_json(finish.usage),
+        },
+    )
+    yield sse_event("message_stop", {"type": "message_stop"})
+
+
+def start_usage(started: StartedTurn) -> dict:
+    """message_start's usage: the prompt as prepared; what the session cache supplied is
+    known when the turn ends (message_delta's usage carries the final counts)."""
+    return {
+        "input_tokens": started.prepared.prompt_tokens,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }

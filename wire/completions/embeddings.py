@@ -11,23 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 
 import numpy as np
 from django.http import HttpRequest, HttpResponse
-from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
 from engine import ContextOverBudget, TooManyTokens
-from pantheon_platform import shutdown
 from pantheon_platform.chat_http import off_loop, turn_deadline
-from pantheon_platform.errors import (
-    api_error_from,
-    invalid_request,
-    json_response,
-    method_not_allowed,
-    shutting_down,
-)
+from pantheon_platform.errors import invalid_request, json_response
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.strict_json import (
@@ -37,8 +28,7 @@ from pantheon_platform.strict_json import (
     parse_json_object,
 )
 from wire.completions.common import ModelField, text_inputs
-
-log = logging.getLogger("pantheon.http")
+from wire.route import OPENAI_ERRORS, RouteCall, post_route
 
 # OpenAI's bounds: at most 2048 inputs, 300,000 tokens summed over them.
 MAX_INPUTS = 2048
@@ -108,43 +98,33 @@ def encoded(vector: np.ndarray, encoding: str):
     return vector.tolist()
 
 
-@csrf_exempt
-async def embeddings(request: HttpRequest) -> HttpResponse:
-    if request.method != "POST":
-        return method_not_allowed(request.method or "", ["POST", "OPTIONS"]).response()
-    if shutdown.draining():
-        return shutting_down().response()
-    try:
-        deadline = turn_deadline()
-        req = await off_loop(deadline, lambda: validated(request.body))
-        data = req.validated_data
-        name, svc = get_runtime().resolve(data.get("model"))
-        note(request, model=name)
-        dimensions = data.get("dimensions")
-        if dimensions is not None and dimensions != svc.embedding_width:
-            raise invalid_request(
-                f"dimensions: this model's embeddings have {svc.embedding_width} dimensions "
-                f"and cannot be shortened; leave dimensions out (or send "
-                f"{svc.embedding_width})",
-                "dimensions",
-            )
-        lists = await off_loop(deadline, lambda: token_lists(svc, data["input"]))
-        vectors = await asyncio.wrap_future(svc.embed(lists))
-        encoding = data.get("encoding_format") or "float"
-        tokens = sum(len(ids) for ids in lists)
-        return json_response(
-            {
-                "object": "list",
-                "data": [
-                    {"object": "embedding", "index": i, "embedding": encoded(v, encoding)}
-                    for i, v in enumerate(vectors)
-                ],
-                "model": name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            }
+@post_route(OPENAI_ERRORS, "embeddings failed")
+async def embeddings(request: HttpRequest, call: RouteCall) -> HttpResponse:
+    deadline = turn_deadline()
+    req = await off_loop(deadline, lambda: validated(request.body))
+    data = req.validated_data
+    name, svc = get_runtime().resolve(data.get("model"))
+    note(request, model=name)
+    dimensions = data.get("dimensions")
+    if dimensions is not None and dimensions != svc.embedding_width:
+        raise invalid_request(
+            f"dimensions: this model's embeddings have {svc.embedding_width} dimensions "
+            f"and cannot be shortened; leave dimensions out (or send "
+            f"{svc.embedding_width})",
+            "dimensions",
         )
-    except Exception as exc:
-        error = api_error_from(exc)
-        if error.status == 500:
-            log.error("embeddings failed", exc_info=exc)
-        return error.response()
+    lists = await off_loop(deadline, lambda: token_lists(svc, data["input"]))
+    vectors = await asyncio.wrap_future(svc.embed(lists))
+    encoding = data.get("encoding_format") or "float"
+    tokens = sum(len(ids) for ids in lists)
+    return json_response(
+        {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": encoded(v, encoding)}
+                for i, v in enumerate(vectors)
+            ],
+            "model": name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )

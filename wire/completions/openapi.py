@@ -32,8 +32,8 @@ from pantheon_platform.strict_json import (
     TEMPERATURE_RANGE,
 )
 from wire.completions.common import TOKEN_ID_MAX
-from wire.completions.completions import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, MAX_PROMPTS
 from wire.completions.embeddings import ENCODINGS, MAX_INPUTS, MAX_TOTAL_TOKENS
+from wire.completions.request import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, MAX_PROMPTS
 
 _TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": TOKEN_ID_MAX}
 

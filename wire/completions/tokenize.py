@@ -9,19 +9,11 @@ UTF-8 is its bytes as an array of ints (llama.cpp's form). /detokenize {tokens} 
 
 from __future__ import annotations
 
-import logging
-
 from django.http import HttpRequest, HttpResponse
-from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
 from pantheon_platform.chat_http import off_loop, turn_deadline
-from pantheon_platform.errors import (
-    api_error_from,
-    invalid_request,
-    json_response,
-    method_not_allowed,
-)
+from pantheon_platform.errors import invalid_request, json_response
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.strict_json import (
@@ -31,8 +23,7 @@ from pantheon_platform.strict_json import (
     parse_json_object,
 )
 from wire.completions.common import ModelField, is_token_id
-
-log = logging.getLogger("pantheon.http")
+from wire.route import OPENAI_ERRORS, RouteCall, post_route
 
 
 class TokenizeRequest(serializers.Serializer):
@@ -97,21 +88,13 @@ def detokenized(svc, data: dict) -> dict:
 
 
 def _view(serializer_class, work, what: str):
-    @csrf_exempt
-    async def view(request: HttpRequest) -> HttpResponse:
-        if request.method != "POST":
-            return method_not_allowed(request.method or "", ["POST", "OPTIONS"]).response()
-        try:
-            deadline = turn_deadline()
-            data = await off_loop(deadline, lambda: _parsed(serializer_class, request.body))
-            name, svc = get_runtime().resolve(data.get("model"))
-            note(request, model=name)
-            return json_response(await off_loop(deadline, lambda: work(svc, data)))
-        except Exception as exc:
-            error = api_error_from(exc)
-            if error.status == 500:
-                log.error("%s failed", what, exc_info=exc)
-            return error.response()
+    @post_route(OPENAI_ERRORS, f"{what} failed", drain=False)
+    async def view(request: HttpRequest, call: RouteCall) -> HttpResponse:
+        deadline = turn_deadline()
+        data = await off_loop(deadline, lambda: _parsed(serializer_class, request.body))
+        name, svc = get_runtime().resolve(data.get("model"))
+        note(request, model=name)
+        return json_response(await off_loop(deadline, lambda: work(svc, data)))
 
     view.__name__ = what
     return view

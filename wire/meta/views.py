@@ -1,5 +1,7 @@
-"""Client routes about the server rather than a conversation: GET /v1/models (and
-/models), GET /v1/models/{id} (and /models/{id}), GET /health (llama.cpp's shape).
+"""Client routes about the server rather than a conversation: GET / (what this process
+runs on and what is loading), GET /v1/models (and /models), GET /v1/models/{id} (and
+/models/{id}), GET /health (llama.cpp's shape), and the operator's test hook POST
+/admin/debug/simulate-memory-pressure (PANTHEON_DEBUG_ROUTES).
 
 The registry is looked up per call (`get_runtime()`), so a test that swaps the
 process-wide Runtime is seen here too.
@@ -7,11 +9,23 @@ process-wide Runtime is seen here too.
 
 from __future__ import annotations
 
+import logging
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from pantheon_platform import live_settings, shutdown
-from pantheon_platform.errors import ApiError
+from pantheon_platform.errors import (
+    ApiError,
+    api_error_from,
+    invalid_request,
+    json_response,
+    method_not_allowed,
+    not_found,
+)
 from pantheon_platform.runtime import (
     FAILED,
     GRAPH_SUMMARY_KEYS,
@@ -19,8 +33,50 @@ from pantheon_platform.runtime import (
     UNLOADING,
     backend_name,
     build_id,
+    device_facts,
     get_runtime,
 )
+from pantheon_platform.strict_json import parse_json_object
+
+log = logging.getLogger("pantheon.http")
+
+
+# --- GET / --------------------------------------------------------------------------
+
+
+class HealthView(APIView):
+    """GET /: always 200; says what this process runs on and what is (still) loading."""
+
+    def get(self, request):
+        services = get_runtime().services()
+        states = get_runtime().states()
+        device = device_facts()
+        body = {
+            "service": "pantheon",
+            "status": "ok",
+            "backend": device.backend,
+            # The compiled CPU kernels, or "numpy" when they could not be built: said, not
+            # silent (each model's row says what it loaded with).
+            "kernel": device.kernel,
+            "build": build_id(),
+            "accelerator": any(svc.on_accelerator for svc in services.values()),
+            "dies_visible": device.dies_visible,
+            "models": {name: s.state for name, s in states.items()},
+        }
+        if device.kernel_isa:
+            body["kernel_isa"] = device.kernel_isa
+        if device.kernel_activations:
+            body["kernel_activations"] = device.kernel_activations
+        load_errors = {name: s.error for name, s in states.items() if s.state == FAILED}
+        if load_errors:
+            body["load_errors"] = load_errors
+        progress = {i.name: i.progress.as_dict() for i in get_runtime().loading() if i.progress}
+        if progress:  # while a load runs: how far it has got
+            body["progress"] = progress
+        return Response(body)
+
+
+# --- GET /v1/models, /v1/models/{id} ------------------------------------------------
 
 
 def model_row(name: str, svc) -> dict:
@@ -87,6 +143,9 @@ def _not_served(rt, model_id: str, name: str) -> str:
     return f"model {model_id!r}{via} does not exist; served models: {served}"
 
 
+# --- GET /health ---------------------------------------------------------------------
+
+
 class LlamaHealthView(APIView):
     """GET /health, llama.cpp's readiness check: 200 {"status": "ok"} once a model is
     loaded and none is loading, else 503 in llama.cpp's error shape ("Loading model" while
@@ -114,3 +173,54 @@ def _not_ready() -> str | None:
     if not rt.services():
         return "No model loaded"
     return None
+
+
+# --- POST /admin/debug/simulate-memory-pressure --------------------------------------
+
+PRESSURE_LEVELS = {name: i for i, name in enumerate(("normal", "elevated", "high", "critical"))}
+
+
+@csrf_exempt
+def simulate_memory_pressure(request: HttpRequest) -> HttpResponse:
+    """Operator test hook (PANTHEON_DEBUG_ROUTES=1, else the JSON 404): pin a model's
+    memory-pressure ladder at a level, or `null` to follow real free memory again.
+
+    Body: {"model": name (optional with one model), "level": "normal" | "elevated" |
+    "high" | "critical" | 0..3 | null}. Answers the served numbers after the move.
+    """
+    if not getattr(settings, "PANTHEON_DEBUG_ROUTES", False):
+        return not_found(request)
+    if request.method != "POST":
+        return method_not_allowed(request.method or "", ["POST", "OPTIONS"]).response()
+    try:
+        body = parse_json_object(request.body)
+        level = body.get("level")
+        if isinstance(level, str) and level in PRESSURE_LEVELS:
+            level = PRESSURE_LEVELS[level]
+        if level is not None and (
+            isinstance(level, bool) or not isinstance(level, int) or level not in range(4)
+        ):
+            raise invalid_request(
+                "level: expected one of normal, elevated, high, critical, 0..3 or null"
+            )
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise invalid_request("model: expected a string")
+        name, svc = get_runtime().resolve(model)
+        svc.simulate_memory_pressure(level)
+    except Exception as exc:
+        error = api_error_from(exc)
+        if error.status == 500:
+            log.error("simulate-memory-pressure failed", exc_info=exc)
+        return error.response()
+    return json_response(
+        {
+            "model": name,
+            "memory_pressure": svc.memory_pressure,
+            "simulated": level is not None,
+            "max_concurrent": svc.max_concurrent,
+            "max_concurrent_configured": svc.max_concurrent_configured,
+            "context_window": svc.context_window,
+            "context_window_configured": svc.context_window_configured,
+        }
+    )

@@ -5,12 +5,14 @@ and Ollama's error shape ({"error": "message"})."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 
 from engine import (
     DEFAULT_TEMPERATURE,
@@ -19,10 +21,14 @@ from engine import (
     CallJoiner,
     ContextOverBudget,
     FinishEvent,
+    GenerationFailed,
     TokenEvent,
     ToolCall,
 )
+from pantheon_platform.chat_http import one_choice
 from pantheon_platform.errors import ApiError, api_error_from, json_response
+
+log = logging.getLogger("pantheon.http")
 
 NDJSON = "application/x-ndjson"
 # The core's finish reasons as Ollama's done_reason: a tool call ends the turn ("stop",
@@ -336,3 +342,53 @@ def show_body(name: str, svc, verbose: bool = False) -> dict:
         "modified_at": rfc3339(mtime),
         "context_length": window,
     }
+
+
+# --- a turn's answer ---------------------------------------------------------------------
+
+
+async def complete(
+    events: AsyncIterator, answer: Answer, turn_over: Callable[[], None]
+) -> HttpResponse:
+    """The non-streamed answer: the turn's events joined into one object. `turn_over`
+    runs once the engine stream is closed (the turn has parked its KV)."""
+    finish = await one_choice(events, answer.push)
+    turn_over()
+    return json_response(answer.joined(finish))
+
+
+async def lines(
+    events: AsyncIterator,
+    answer: Answer,
+    first: TokenEvent | FinishEvent,
+    turn_over: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    """The streamed answer: a line per chunk, then the `done` object; an error after the
+    stream opened is its last line. `turn_over` runs once the engine stream is closed."""
+    finish: FinishEvent | None = None
+    try:
+        event: TokenEvent | FinishEvent | None = first
+        while event is not None:
+            if isinstance(event, FinishEvent):
+                finish = event
+            else:
+                chunk = answer.push(event)
+                if chunk is not None:
+                    yield line(chunk)
+            event = await anext(events, None)
+    except Exception as exc:
+        # The status line is gone: Ollama ends such a stream with an error line.
+        error = ollama_error(exc)
+        if error.status == 500:
+            log.error("ollama stream failed after it opened", exc_info=exc)
+        yield error_line(error)
+        return
+    finally:
+        # On normal end, on failure, and when the client disconnects: the engine stops.
+        await events.aclose()
+    if finish is None:
+        yield error_line(ollama_error(GenerationFailed("the engine stream ended without a finish")))
+        return
+    turn_over()
+    for chunk in answer.finish(finish):
+        yield line(chunk)

@@ -15,28 +15,33 @@ import secrets
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from engine import ContextOverBudget, FinishEvent, GenerationFailed, TokenEvent, TooManyTokens
-from pantheon_platform import shutdown
+from engine import ContextOverBudget, TooManyTokens
 from pantheon_platform.chat_http import (
     StartedTurn,
     off_loop,
-    one_choice,
     start_turn,
     turn_deadline,
 )
-from pantheon_platform.errors import ApiError, json_response, method_not_allowed, shutting_down
+from pantheon_platform.errors import ApiError, json_response, method_not_allowed
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import LOADING, build_id, get_runtime
 from pantheon_platform.strict_json import parse_json_object
 from wire.ollama import render
 from wire.ollama import request as parse
 from wire.ollama.render import Answer, Clock, NdjsonResponse, error_response
+from wire.route import ErrorShape, RouteCall, first_event, post_route
 
 log = logging.getLogger("pantheon.http")
 
 # The Ollama API level these routes follow (GET /api/version): clients gate features on
 # it. Pantheon's own version is beside it.
 OLLAMA_API_VERSION = "0.12.0"
+
+
+# Ollama's shape: {"error": "message"}.
+OLLAMA_ERRORS = ErrorShape(
+    error_of=lambda exc, stream: render.ollama_error(exc), respond=error_response
+)
 
 
 def _refusal(exc: Exception) -> HttpResponse:
@@ -99,61 +104,59 @@ def _check_window(parsed: parse.OllamaRequest, svc) -> None:
 # --- /api/chat, /api/generate ----------------------------------------------------------
 
 
-@csrf_exempt
-async def chat(request: HttpRequest) -> HttpResponse:
+@post_route(OLLAMA_ERRORS, "ollama request failed")
+async def chat(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _turn(request, chat=True)
 
 
-@csrf_exempt
-async def generate(request: HttpRequest) -> HttpResponse:
+@post_route(OLLAMA_ERRORS, "ollama request failed")
+async def generate(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _turn(request, chat=False)
 
 
 async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
     """Async: a generation waits on the engine without holding a worker thread."""
-    if refused := _method(request, "POST"):
-        return refused
-    if shutdown.draining():
-        return error_response(shutting_down())
     clock = Clock()
     header = request.headers.get("X-Session-Id")
-    try:
-        deadline = turn_deadline()
+    deadline = turn_deadline()
 
-        def parse_body() -> parse.OllamaRequest:
-            data = parse_json_object(request.body)
-            if chat:
-                return parse.parse_chat(data, header)
-            return parse.parse_generate(data, header)
+    def parse_body() -> parse.OllamaRequest:
+        data = parse_json_object(request.body)
+        if chat:
+            return parse.parse_chat(data, header)
+        return parse.parse_generate(data, header)
 
-        parsed = await off_loop(deadline, parse_body)
-        name, svc = resolve(parsed.model)
-        _check_window(parsed, svc)
-        if parsed.enable_thinking and not svc.think_style and parsed.raw_prompt is None:
-            raise ApiError(  # Ollama's answer too: nothing would think
-                400,
-                f'think: model "{parsed.model}" does not support thinking (its chat template '
-                "has no think block); leave think out or send false",
-                "invalid_request_error",
-                extra={"param": "think"},
-            )
-        if not parsed.messages:  # Ollama's "load the model": it is loaded
-            return json_response(render.load_answer(parsed.model, chat))
-        started = await start_turn(
-            request,
-            parsed.turn(f"ollama-{secrets.token_hex(12)}"),
-            model=name,
-            session_id=parsed.session_id,
-            deadline=deadline,
+    parsed = await off_loop(deadline, parse_body)
+    name, svc = resolve(parsed.model)
+    _check_window(parsed, svc)
+    if parsed.enable_thinking and not svc.think_style and parsed.raw_prompt is None:
+        raise ApiError(  # Ollama's answer too: nothing would think
+            400,
+            f'think: model "{parsed.model}" does not support thinking (its chat template '
+            "has no think block); leave think out or send false",
+            "invalid_request_error",
+            extra={"param": "think"},
         )
-        clock.mark_ready()
-        answer = Answer(parsed.model, chat, parsed.logprobs, clock)
-        ttl = parse.keep_alive_seconds(parsed.keep_alive)
-        if parsed.stream:
-            return await _stream(started, answer, ttl)
-        return await _complete(started, answer, ttl)
-    except Exception as exc:
-        return _refusal(exc)
+    if not parsed.messages:  # Ollama's "load the model": it is loaded
+        return json_response(render.load_answer(parsed.model, chat))
+    started = await start_turn(
+        request,
+        parsed.turn(f"ollama-{secrets.token_hex(12)}"),
+        model=name,
+        session_id=parsed.session_id,
+        deadline=deadline,
+    )
+    clock.mark_ready()
+    answer = Answer(parsed.model, chat, parsed.logprobs, clock)
+    ttl = parse.keep_alive_seconds(parsed.keep_alive)
+
+    def turn_over() -> None:
+        _keep_alive(started, ttl)
+
+    if parsed.stream:
+        first = await first_event(started.events)
+        return NdjsonResponse(render.lines(started.events, answer, first, turn_over))
+    return await render.complete(started.events, answer, turn_over)
 
 
 def _keep_alive(started: StartedTurn, ttl: float | None) -> None:
@@ -164,103 +167,41 @@ def _keep_alive(started: StartedTurn, ttl: float | None) -> None:
         started.svc.sessions.set_idle_ttl(session_id, ttl)
 
 
-async def _complete(started: StartedTurn, answer: Answer, ttl: float | None) -> HttpResponse:
-    finish = await one_choice(started.events, answer.push)
-    _keep_alive(started, ttl)
-    return json_response(answer.joined(finish))
-
-
-async def _stream(started: StartedTurn, answer: Answer, ttl: float | None) -> HttpResponse:
-    # Wait for the first event before answering: refusals the engine knows up front
-    # (context, busy, memory) still get their status line and Ollama's error body.
-    events = started.events
-    try:
-        first = await anext(events, None)
-    except BaseException:
-        await events.aclose()
-        raise
-    if first is None:
-        raise GenerationFailed("the engine stream ended without a finish event")
-    return NdjsonResponse(_lines(started, answer, first, ttl))
-
-
-async def _lines(
-    started: StartedTurn, answer: Answer, first: TokenEvent | FinishEvent, ttl: float | None
-):
-    events = started.events
-    finish: FinishEvent | None = None
-    try:
-        event: TokenEvent | FinishEvent | None = first
-        while event is not None:
-            if isinstance(event, FinishEvent):
-                finish = event
-            else:
-                chunk = answer.push(event)
-                if chunk is not None:
-                    yield render.line(chunk)
-            event = await anext(events, None)
-    except Exception as exc:
-        # The status line is gone: Ollama ends such a stream with an error line.
-        error = render.ollama_error(exc)
-        if error.status == 500:
-            log.error("ollama stream failed after it opened", exc_info=exc)
-        yield render.error_line(error)
-        return
-    finally:
-        # On normal end, on failure, and when the client disconnects: the engine stops.
-        await events.aclose()
-    if finish is None:
-        yield render.error_line(
-            render.ollama_error(GenerationFailed("the engine stream ended without a finish"))
-        )
-        return
-    _keep_alive(started, ttl)
-    for chunk in answer.finish(finish):
-        yield render.line(chunk)
-
-
 # --- /api/embed, /api/embeddings -------------------------------------------------------
 
 
-@csrf_exempt
-async def embed(request: HttpRequest) -> HttpResponse:
+@post_route(OLLAMA_ERRORS, "ollama request failed")
+async def embed(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _embed(request, legacy=False)
 
 
-@csrf_exempt
-async def embeddings(request: HttpRequest) -> HttpResponse:
+@post_route(OLLAMA_ERRORS, "ollama request failed")
+async def embeddings(request: HttpRequest, call: RouteCall) -> HttpResponse:
     return await _embed(request, legacy=True)
 
 
 async def _embed(request: HttpRequest, *, legacy: bool) -> HttpResponse:
     """Each input tokenized as a raw prompt (no template), prefilled alone on a scratch
     cache and pooled, L2-normalised (ModelService.embed: the model's `pooling`)."""
-    if refused := _method(request, "POST"):
-        return refused
-    if shutdown.draining():
-        return error_response(shutting_down())
     clock = Clock()
-    try:
-        deadline = turn_deadline()
-        parsed = await off_loop(
-            deadline, lambda: parse.parse_embed(parse_json_object(request.body), legacy=legacy)
+    deadline = turn_deadline()
+    parsed = await off_loop(
+        deadline, lambda: parse.parse_embed(parse_json_object(request.body), legacy=legacy)
+    )
+    name, svc = resolve(parsed.model)
+    note(request, model=name)
+    width = svc.embedding_width
+    if parsed.dimensions is not None and parsed.dimensions != width:
+        raise ApiError(
+            400,
+            f"dimensions: this model's embeddings have {width} dimensions and cannot be "
+            f"shortened; leave dimensions out (or send {width})",
+            "invalid_request_error",
         )
-        name, svc = resolve(parsed.model)
-        note(request, model=name)
-        width = svc.embedding_width
-        if parsed.dimensions is not None and parsed.dimensions != width:
-            raise ApiError(
-                400,
-                f"dimensions: this model's embeddings have {width} dimensions and cannot be "
-                f"shortened; leave dimensions out (or send {width})",
-                "invalid_request_error",
-            )
-        lists = await off_loop(deadline, lambda: _token_lists(svc, parsed))
-        clock.mark_ready()
-        vectors = await asyncio.wrap_future(svc.embed(lists)) if lists else []
-        clock.mark_end()
-    except Exception as exc:
-        return _refusal(exc)
+    lists = await off_loop(deadline, lambda: _token_lists(svc, parsed))
+    clock.mark_ready()
+    vectors = await asyncio.wrap_future(svc.embed(lists)) if lists else []
+    clock.mark_end()
     if legacy:
         return json_response({"embedding": vectors[0].tolist() if len(vectors) else []})
     return json_response(

@@ -15,7 +15,6 @@ from engine import (
     CallOpened,
     ContextOverBudget,
     FinishEvent,
-    GenerationFailed,
     TokenEvent,
     ToolCall,
     Turn,
@@ -252,19 +251,15 @@ async def complete(events: AsyncIterator, completion: Completion) -> JsonRespons
 # --- the stream ----------------------------------------------------------------------------
 
 
-async def stream(
-    events: AsyncGenerator, completion: Completion, include_usage: bool
+def stream(
+    events: AsyncGenerator,
+    first: TokenEvent | FinishEvent,
+    completion: Completion,
+    include_usage: bool,
 ) -> HttpResponse:
-    # Wait for the first event before answering: refusals the engine can know up front
-    # (context_over_budget, server_busy after a queue wait, memory) then still get their
-    # real status code.
-    try:
-        first = await anext(events, None)
-    except BaseException:
-        await events.aclose()
-        raise
-    if first is None:
-        raise GenerationFailed("the engine stream ended without a finish event")
+    """The event stream, once the first event came (wire.route.first_event): refusals the
+    engine can know up front (context_over_budget, server_busy after a queue wait,
+    memory) still get their real status code."""
     return EventStreamResponse(sse_events(events, first, completion, include_usage))
 
 

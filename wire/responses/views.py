@@ -37,7 +37,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from engine import FinishEvent, GenerationFailed, InvalidTurn, SessionCapacity, SessionKey, Turn
-from pantheon_platform import shutdown, tenancy
+from pantheon_platform import tenancy
 from pantheon_platform.chat_http import StartedTurn, off_loop, start_turn, turn_deadline
 from pantheon_platform.errors import (
     ApiError,
@@ -45,7 +45,6 @@ from pantheon_platform.errors import (
     invalid_request,
     json_response,
     method_not_allowed,
-    shutting_down,
 )
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.sse import EventStreamResponse
@@ -53,6 +52,7 @@ from pantheon_platform.strict_json import IDENTIFIER_MAX, parse_json_object
 from wire.responses.models import StoredResponse
 from wire.responses.render import ResponseBuilder, is_response_id, new_id, sse_event
 from wire.responses.request import ResponsesRequest, parse_request
+from wire.route import OPENAI_ERRORS, RouteCall, first_event, post_route
 
 log = logging.getLogger("pantheon.http")
 
@@ -64,67 +64,56 @@ _PARAMS = {"messages": "input", "response_format": "text.format"}
 # --- POST /v1/responses ----------------------------------------------------------------
 
 
-@csrf_exempt
-async def create_response(request: HttpRequest) -> HttpResponse:
-    if request.method != "POST":
-        return method_not_allowed(request.method or "", ["POST", "OPTIONS"]).response()
-    if shutdown.draining():
-        return shutting_down().response()
-    stream = False
+@post_route(OPENAI_ERRORS, "response failed")
+async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse:
+    deadline = turn_deadline()
+    req = await off_loop(deadline, lambda: parse_request(parse_json_object(request.body)))
+    call.stream = req.stream
+    namespace = tenancy.namespace(request)
+    previous = None
+    if req.previous_response_id:
+        previous = await _stored(namespace, req.previous_response_id, "previous_response_id")
+    conversation = [*(previous.conversation if previous else ()), *req.input_messages]
+    if not conversation:
+        raise invalid_request("input: expected at least one item", param="input")
+    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    messages += conversation
+    session_id, implicit = _session(request, req, previous)
+    response_id = new_id("resp")
+    turn = Turn(
+        messages=tuple(messages),
+        session_implicit=implicit,
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        response_format=req.response_format,
+        enable_thinking=req.enable_thinking,
+        reasoning_budget=req.reasoning_budget,
+        sampling=req.sampling(),
+        logprobs=req.top_logprobs > 0,
+        request_id=response_id,
+    )
+    model = req.model or (previous.model_name if previous else None)
     try:
-        deadline = turn_deadline()
-        req = await off_loop(deadline, lambda: parse_request(parse_json_object(request.body)))
-        stream = req.stream
-        namespace = tenancy.namespace(request)
-        previous = None
-        if req.previous_response_id:
-            previous = await _stored(namespace, req.previous_response_id, "previous_response_id")
-        conversation = [*(previous.conversation if previous else ()), *req.input_messages]
-        if not conversation:
-            raise invalid_request("input: expected at least one item", param="input")
-        messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
-        messages += conversation
-        session_id, implicit = _session(request, req, previous)
-        response_id = new_id("resp")
-        turn = Turn(
-            messages=tuple(messages),
-            session_implicit=implicit,
-            tools=req.tools,
-            tool_choice=req.tool_choice,
-            response_format=req.response_format,
-            enable_thinking=req.enable_thinking,
-            reasoning_budget=req.reasoning_budget,
-            sampling=req.sampling(),
-            logprobs=req.top_logprobs > 0,
-            request_id=response_id,
+        started = await start_turn(
+            request, turn, model=model, session_id=session_id, deadline=deadline
         )
-        model = req.model or (previous.model_name if previous else None)
-        try:
-            started = await start_turn(
-                request, turn, model=model, session_id=session_id, deadline=deadline
-            )
-        except InvalidTurn as exc:
-            raise invalid_request(exc.message, _PARAMS.get(exc.param, exc.param)) from None
-        started, first = await _first_event(started, implicit)
-        saved_session = session_id if started.session_id is not None else None
-        turn_state = _TurnState(
-            request=req,
-            namespace=namespace,
-            model=started.model,
-            session_id=saved_session,
-            conversation=conversation,
-        )
-        builder = ResponseBuilder(
-            _base_response(response_id, started.model, req), logprobs=req.top_logprobs > 0
-        )
-        if stream:
-            return EventStreamResponse(_sse(started.events, first, builder, turn_state))
-        return await _complete(started.events, first, builder, turn_state)
-    except Exception as exc:
-        error = api_error_from(exc, stream=stream)
-        if error.status == 500:
-            log.error("response failed", exc_info=exc)
-        return error.response()
+    except InvalidTurn as exc:
+        raise invalid_request(exc.message, _PARAMS.get(exc.param, exc.param)) from None
+    started, first = await _first_event(started, implicit)
+    saved_session = session_id if started.session_id is not None else None
+    turn_state = _TurnState(
+        request=req,
+        namespace=namespace,
+        model=started.model,
+        session_id=saved_session,
+        conversation=conversation,
+    )
+    builder = ResponseBuilder(
+        _base_response(response_id, started.model, req), logprobs=req.top_logprobs > 0
+    )
+    if call.stream:
+        return EventStreamResponse(_sse(started.events, first, builder, turn_state))
+    return await _complete(started.events, first, builder, turn_state)
 
 
 def _session(request, req: ResponsesRequest, previous) -> tuple[str | None, bool]:
@@ -150,25 +139,17 @@ async def _first_event(started: StartedTurn, implicit: bool):
     implicit session (an id the server chose) that finds no free session slot is dropped:
     the turn runs uncached instead of being refused."""
     try:
-        first = await anext(started.events, None)
+        return started, await first_event(started.events)
     except SessionCapacity:
-        await started.events.aclose()
         if not implicit:
             raise
-        prepared = replace(
-            started.prepared,
-            request=replace(started.prepared.request, session_id=None, session_implicit=False),
-            turn=replace(started.prepared.turn, session_id=None, session_implicit=False),
-        )
-        started = started.rerun(prepared)
-        first = await anext(started.events, None)
-    except BaseException:
-        await started.events.aclose()
-        raise
-    if first is None:
-        await started.events.aclose()
-        raise GenerationFailed("the engine stream ended without a finish event")
-    return started, first
+    prepared = replace(
+        started.prepared,
+        request=replace(started.prepared.request, session_id=None, session_implicit=False),
+        turn=replace(started.prepared.turn, session_id=None, session_implicit=False),
+    )
+    started = started.rerun(prepared)
+    return started, await first_event(started.events)
 
 
 @dataclass(frozen=True)
