@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..decoding.state import DecodeState, choose_rows
-from .scheduler import Batch, DecodeRow, PrefillChunk
+from .batch import Batch, DecodeRow, PrefillChunk
 
 
 @dataclass

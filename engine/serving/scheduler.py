@@ -1,9 +1,11 @@
 """Continuous batching as pure bookkeeping: which sequences prefill and decode each step.
 
-No model, no arrays, no threads. The engine thread asks `schedule()` for the next Batch,
-runs it, and reports the sampled ids with `update(batch, sampled)`, which returns the
-events to deliver. The HTTP side adds and cancels requests (under the service's lock).
-Tested with no model and fake token ids.
+No model, no arrays, no threads. The protocol, one engine step (serving/loop.py), is:
+`expire()` (queued requests past their timeout), `admit()` (queued groups into free
+slots), `resume()` for each admitted group whose prompt starts with KV that exists
+already, `plan(started)` (the step's Batch), run it, `update(batch, sampled)` (the events
+to deliver). The HTTP side adds and cancels requests (under the loop's lock). Tested
+with no model and fake token ids (the value types are in batch.py).
 
 The rules:
 - A request (a *group* of `n` choices, each a *sequence*) waits in a FIFO until
@@ -17,7 +19,7 @@ The rules:
   choice samples its first token from the last position's logits, the choices without a
   slot too (`n` above the served slots): those wait, holding that token, for a slot of
   their own group.
-- A finished or cancelled sequence frees its slot at once, for the next `schedule()`;
+- A finished or cancelled sequence frees its slot at once, for the next `admit()`;
   a finished one whose group has a choice waiting hands the slot to it instead (the
   prompt's KV is already there, positions 0 .. len(prompt); what the finished choice
   wrote after it is overwritten before it is read). So a group holds the slots it was
@@ -40,104 +42,20 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-FINISH_STOP, FINISH_LENGTH = "stop", "length"
-REFUSED_QUEUE_TIMEOUT, REFUSED_MEMORY = "queue_timeout", "memory"
-
-
-# --- what crosses to the runner ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PrefillChunk:
-    seq_id: int
-    slot: int
-    start: int  # position of token_ids[0]
-    token_ids: tuple[int, ...]
-    # Only on a prompt's last chunk: slots that get a copy of the prompt's KV (the other
-    # choices of an n > 1 request), then the sequences that sample their first token from
-    # this chunk's last logits.
-    copy_to_slots: tuple[int, ...] = ()
-    sample_seq_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class DecodeRow:
-    seq_id: int
-    slot: int
-    position: int  # where token_id's KV is written
-    token_id: int
-
-
-@dataclass(frozen=True)
-class Started:
-    """A group that left the queue this step: its choices' sequences, choice i at [i].
-    The first len(slots) have a slot now; the others get one as the group's slots free."""
-
-    group_id: int
-    seq_ids: tuple[int, ...]
-    slots: tuple[int, ...] = ()  # seq_ids[i] decodes in slots[i]
-
-
-@dataclass(frozen=True)
-class Batch:
-    prefill: tuple[PrefillChunk, ...] = ()
-    decode: tuple[DecodeRow, ...] = ()
-    started: tuple[Started, ...] = ()  # groups admitted by this schedule()
-
-    @property
-    def empty(self) -> bool:
-        return not self.prefill and not self.decode
-
-    def sampling_seq_ids(self) -> tuple[int, ...]:
-        """The sequences this batch samples a token for, in the order update() takes them."""
-        ids = [s for chunk in self.prefill for s in chunk.sample_seq_ids]
-        return (*ids, *(row.seq_id for row in self.decode))
-
-
-# --- what crosses back to the service --------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sampled:
-    group_id: int
-    seq_id: int
-    index: int
-    token_id: int
-
-
-@dataclass(frozen=True)
-class Finished:
-    group_id: int
-    seq_id: int
-    index: int
-    reason: str  # FINISH_STOP | FINISH_LENGTH
-    prompt_tokens: int
-    completion_tokens: int
-    kv_used: int
-    kv_cap: int
-    choices: int
-    group_done: bool  # the group's last sequence: the request is over
-    cached_tokens: int = 0  # prompt tokens resumed from a cache rather than computed
-    # Positions of the sequence's slot whose KV is written (the prompt and every output
-    # token fed back; not the last sampled one unless it was the end of turn).
-    kv_written: int = 0
-    # The slot it decoded in (-1: it never held one), free now or handed to a waiting
-    # choice of its group; its KV is intact until the next step runs.
-    slot: int = -1
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A group that was admitted to the queue and is now turned away."""
-
-    group_id: int
-    reason: str  # REFUSED_QUEUE_TIMEOUT | REFUSED_MEMORY
-    message: str
-
-
-class QueueFull(Exception):
-    """Every served slot is taken and `queue_depth` requests already wait."""
-
+from .batch import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    REFUSED_MEMORY,
+    REFUSED_QUEUE_TIMEOUT,
+    Batch,
+    DecodeRow,
+    Finished,
+    PrefillChunk,
+    QueueFull,
+    Refused,
+    Sampled,
+    Started,
+)
 
 # --- state -------------------------------------------------------------------------------
 
@@ -241,14 +159,32 @@ class Scheduler:
 
     # --- the engine thread ---------------------------------------------------------------
 
-    def schedule(self) -> Batch:
-        """Admit what fits, then one step's work: prefill chunks within the token budget and
-        one decode row per running sequence."""
-        return self.plan(self.admit())
-
     def admit(self) -> list[Started]:
         """Move the queued groups that fit now into slots (the head of the queue first)."""
-        return self._admit()
+        started = []
+        while self._waiting:
+            group = self._waiting[0]
+            # More choices than the served slots can never start together: the first
+            # ones start, the others wait for the group's slots.
+            k = min(group.n, self.served_slots)
+            if self.served_slots - self.running < k or len(self._free) < k:
+                break
+            self._waiting.popleft()
+            for index in range(group.n):
+                slot = self._take_slot(group if index == 0 else None) if index < k else -1
+                seq = _Seq(next(self._seq_ids), group, index, slot=slot)
+                group.seqs.append(seq)
+                self._seqs[seq.seq_id] = seq
+            self._running[group.group_id] = group
+            started.append(
+                Started(
+                    group.group_id,
+                    tuple(q.seq_id for q in group.seqs),
+                    tuple(q.slot for q in group.seqs[:k]),
+                )
+            )
+        return started
+
 
     def resume(self, group_id: int, cached: int) -> bool:
         """A group just admitted starts with its prompt's first `cached` tokens already in
@@ -454,31 +390,6 @@ class Scheduler:
             else:
                 waiting += 1
         return waiting + (0 if waiting == 0 and need <= free else 1)
-
-    def _admit(self) -> list[Started]:
-        started = []
-        while self._waiting:
-            group = self._waiting[0]
-            # More choices than the served slots can never start together: the first
-            # ones start, the others wait for the group's slots.
-            k = min(group.n, self.served_slots)
-            if self.served_slots - self.running < k or len(self._free) < k:
-                break
-            self._waiting.popleft()
-            for index in range(group.n):
-                slot = self._take_slot(group if index == 0 else None) if index < k else -1
-                seq = _Seq(next(self._seq_ids), group, index, slot=slot)
-                group.seqs.append(seq)
-                self._seqs[seq.seq_id] = seq
-            self._running[group.group_id] = group
-            started.append(
-                Started(
-                    group.group_id,
-                    tuple(q.seq_id for q in group.seqs),
-                    tuple(q.slot for q in group.seqs[:k]),
-                )
-            )
-        return started
 
     def _take_slot(self, group: _Group | None) -> int:
         if group is None or self.choose_slot is None:

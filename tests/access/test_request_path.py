@@ -440,12 +440,12 @@ async def test_the_event_loop_is_free_while_a_large_request_is_prepared(served):
 
 
 def test_steps_until_admitted_counts_the_queue_ahead():
-    from tests.engine.serving.test_scheduler import make
+    from tests.engine.serving.test_scheduler import make, next_batch
 
     sched = make(slots=2, window=1000, chunk=1000, depth=8)
     for _ in range(2):  # two running: 10 tokens left each (1 prefill step + 10)
         sched.add((1, 2, 3), max_tokens=10)
-    sched.schedule()
+    next_batch(sched)
     assert sched.steps_until_a_slot_frees() == 11
     assert sched.steps_until_admitted() == 11  # nobody waits: the first free slot
     for _ in range(5):
@@ -458,16 +458,16 @@ def test_steps_until_admitted_counts_the_queue_ahead():
 
 
 def test_finished_sequences_are_measured():
-    from tests.engine.serving.test_scheduler import EOT, make
+    from tests.engine.serving.test_scheduler import EOT, make, next_batch
 
     sched = make(slots=1, window=1000, chunk=2, depth=4)
     sched.add((1, 2, 3, 4), max_tokens=50)
-    batch = sched.schedule()  # prefill 2 of 4
+    batch = next_batch(sched)  # prefill 2 of 4
     sched.update(batch, {})
-    batch = sched.schedule()  # the rest, and the first token
+    batch = next_batch(sched)  # the rest, and the first token
     for step in range(5):
         events = sched.update(batch, {s: 7 if step < 4 else EOT for s in batch.sampling_seq_ids()})
-        batch = sched.schedule()
+        batch = next_batch(sched)
     assert any(type(e).__name__ == "Finished" for e in events)
     assert sched.mean_sequence_steps == pytest.approx(2 + 4)
 

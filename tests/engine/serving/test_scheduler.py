@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from engine.serving.scheduler import (
+from engine.serving.batch import (
     FINISH_LENGTH,
     FINISH_STOP,
     REFUSED_MEMORY,
     REFUSED_QUEUE_TIMEOUT,
+    Batch,
     Finished,
     QueueFull,
     Refused,
     Sampled,
-    Scheduler,
 )
+from engine.serving.scheduler import Scheduler
 
 EOT = 99  # the fake end-of-turn id
 
@@ -39,9 +40,14 @@ def make(slots=2, window=64, chunk=4, depth=2, timeout=30.0, clock=None) -> Sche
     )
 
 
+def next_batch(s: Scheduler) -> Batch:
+    """The engine loop's order with no cached prefix to resume: admit, then plan."""
+    return s.plan(s.admit())
+
+
 def step(s: Scheduler, token: int = 7, tokens: dict[int, int] | None = None):
-    """schedule() + update() with every sampled id = `token` (or per seq from `tokens`)."""
-    batch = s.schedule()
+    """next_batch() + update() with every sampled id = `token` (or per seq from `tokens`)."""
+    batch = next_batch(s)
     sampled = {sid: (tokens or {}).get(sid, token) for sid in batch.sampling_seq_ids()}
     return batch, s.update(batch, sampled)
 
@@ -53,7 +59,7 @@ def of(events, kind):
 def test_admission_is_first_in_first_out_into_the_lowest_free_slots():
     s = make(slots=2, depth=5)
     a, b, c = (s.add((1, 2), max_tokens=5) for _ in range(3))
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [st.group_id for st in batch.started] == [a, b]  # c waits: two slots
     assert [chunk.slot for chunk in batch.prefill] == [0, 1]
     assert s.queued == 1 and s.in_flight == 3 and s.running == 2
@@ -62,10 +68,10 @@ def test_admission_is_first_in_first_out_into_the_lowest_free_slots():
 def test_the_head_of_the_queue_is_never_overtaken():
     s = make(slots=3, depth=5)
     s.add((1,), max_tokens=9)
-    s.schedule()
+    next_batch(s)
     big = s.add((1,), n=3, max_tokens=1)  # needs all three slots
     small = s.add((1,), max_tokens=1)  # would fit now, but waits behind `big`
-    batch = s.schedule()
+    batch = next_batch(s)
     assert batch.started == ()
     assert s.queued == 2
     assert big < small
@@ -95,11 +101,11 @@ def test_prefill_budget_runs_several_short_prompts_in_one_step_and_whole_chunks_
     s = make(slots=4, chunk=8, depth=5)
     for prompt in ((1, 2, 3), (4, 5, 6), (7,) * 12):
         s.add(prompt, max_tokens=3)
-    batch = s.schedule()
+    batch = next_batch(s)
     # 3 + 3 tokens, then the 12-token prompt's first chunk (8) would overflow the budget.
     assert [len(c.token_ids) for c in batch.prefill] == [3, 3]
     s.update(batch, {sid: 1 for sid in batch.sampling_seq_ids()})
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [(c.start, len(c.token_ids)) for c in batch.prefill] == [(0, 8)]
 
 
@@ -154,7 +160,7 @@ def test_a_finished_slot_is_reused_by_the_next_request_at_once():
     batch, events = step(s)
     assert [st.group_id for st in batch.started] == [first]
     assert of(events, Finished)[0].group_done
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [st.group_id for st in batch.started] == [second]
     assert batch.prefill[0].slot == 0
     assert s.pop_freed_slots() == []  # slot 0 is taken again: its KV must not be dropped
@@ -171,7 +177,7 @@ def test_freed_slots_are_reported_while_still_free():
 def test_a_full_queue_refuses_at_once():
     s = make(slots=1, depth=1)
     s.add((1,), max_tokens=5)
-    s.schedule()
+    next_batch(s)
     s.add((1,), max_tokens=5)  # waits
     with pytest.raises(QueueFull):
         s.add((1,), max_tokens=5)
@@ -181,7 +187,7 @@ def test_a_full_queue_refuses_at_once():
 def test_with_depth_zero_only_free_slots_admit():
     s = make(slots=2, depth=0)
     s.add((1,), max_tokens=5)
-    s.add((1,), max_tokens=5)  # free slots: accepted before any schedule()
+    s.add((1,), max_tokens=5)  # free slots: accepted before any admit()
     with pytest.raises(QueueFull):
         s.add((1,), max_tokens=5)
 
@@ -190,7 +196,7 @@ def test_a_request_waiting_past_the_timeout_is_refused():
     clock = Clock()
     s = make(slots=1, depth=2, timeout=30, clock=clock)
     s.add((1,), max_tokens=1000)
-    s.schedule()
+    next_batch(s)
     waiting = s.add((1,), max_tokens=5)
     clock.now = 29.9
     assert s.expire() == []
@@ -203,7 +209,7 @@ def test_a_request_waiting_past_the_timeout_is_refused():
 def test_cancelling_a_queued_request_frees_its_place():
     s = make(slots=1, depth=1)
     s.add((1,), max_tokens=5)
-    s.schedule()
+    next_batch(s)
     queued = s.add((1,), max_tokens=5)
     with pytest.raises(QueueFull):
         s.add((1,), max_tokens=5)
@@ -217,12 +223,12 @@ def test_cancelling_a_running_request_frees_its_slot_and_ignores_its_in_flight_b
     gone = s.add((1, 2), max_tokens=50)
     step(s)
     nxt = s.add((3,), max_tokens=5)
-    batch = s.schedule()  # the running sequence's decode row is in this batch
+    batch = next_batch(s)  # the running sequence's decode row is in this batch
     assert len(batch.decode) == 1
     assert s.cancel(gone)
     events = s.update(batch, {sid: 5 for sid in batch.sampling_seq_ids()})
     assert events == []  # nothing for a cancelled sequence
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [st.group_id for st in batch.started] == [nxt] and batch.prefill[0].slot == 0
     assert not s.cancel(gone)
 
@@ -230,13 +236,13 @@ def test_cancelling_a_running_request_frees_its_slot_and_ignores_its_in_flight_b
 def test_n_choices_share_one_prefill_and_sample_separately():
     s = make(slots=4, chunk=4, depth=2)
     g = s.add((1, 2, 3, 4, 5, 6), n=3, max_tokens=5)
-    batch = s.schedule()
+    batch = next_batch(s)
     (started,) = batch.started
     assert started.group_id == g and len(started.seq_ids) == 3
     (chunk,) = batch.prefill
     assert chunk.copy_to_slots == () and chunk.sample_seq_ids == ()  # not the last chunk
     s.update(batch, {})
-    batch = s.schedule()
+    batch = next_batch(s)
     (chunk,) = batch.prefill
     assert chunk.slot == 0 and chunk.copy_to_slots == (1, 2)
     assert chunk.sample_seq_ids == started.seq_ids
@@ -245,7 +251,7 @@ def test_n_choices_share_one_prefill_and_sample_separately():
     assert [(e.index, e.token_id) for e in of(events, Sampled)] == [(0, 10), (1, 11)]
     (fin,) = of(events, Finished)
     assert fin.index == 2 and fin.choices == 3 and not fin.group_done
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [(r.slot, r.token_id) for r in batch.decode] == [(0, 10), (1, 11)]
     assert s.running == 2 and s.pop_freed_slots() == [2]
 
@@ -264,7 +270,7 @@ def run_out(s: Scheduler, tokens=None) -> list[object]:
 def test_choices_beyond_the_served_slots_wait_and_take_their_group_s_slots_as_they_free():
     s = make(slots=2, chunk=4)
     g = s.add((1, 2, 3), n=5, max_tokens=3)
-    batch = s.schedule()
+    batch = next_batch(s)
     (started,) = batch.started
     assert len(started.seq_ids) == 5 and started.slots == (0, 1)
     (chunk,) = batch.prefill
@@ -281,7 +287,7 @@ def test_choices_beyond_the_served_slots_wait_and_take_their_group_s_slots_as_th
     (fin,) = of(events, Finished)
     assert (fin.index, fin.slot, fin.choices, fin.group_done) == (0, 0, 5, False)
     # Slot 0 went straight to choice 2: it decodes its held first token after the prompt.
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [(r.seq_id, r.slot, r.position, r.token_id) for r in batch.decode] == [
         (seq1, 1, 4, 7),
         (seq2, 0, 3, 12),
@@ -310,14 +316,14 @@ def test_a_group_keeps_only_the_slots_it_started_with_and_the_queue_behind_it_wa
     s = make(slots=3, depth=2)
     a = s.add((1,), n=4, max_tokens=2)
     b = s.add((2,), max_tokens=2)
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [st.group_id for st in batch.started] == [a]  # b waits: a holds all three
     s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
     # The three running choices end together: one slot goes on to a's fourth choice,
     # the other two are free for b at the next step, while a still runs.
     _, events = step(s)
     assert len(of(events, Finished)) == 3 and s.running == 1
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [st.group_id for st in batch.started] == [b]
     assert s.running == 2
 
@@ -325,7 +331,7 @@ def test_a_group_keeps_only_the_slots_it_started_with_and_the_queue_behind_it_wa
 def test_under_a_lowered_slot_count_a_finished_choice_hands_on_only_its_group_s_last_slot():
     s = make(slots=2)
     s.add((1,), n=3, max_tokens=5)
-    batch = s.schedule()
+    batch = next_batch(s)
     seq0, seq1, seq2 = batch.started[0].seq_ids
     s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
     s.set_limits(served_slots=1, context_window=64)
@@ -334,7 +340,7 @@ def test_under_a_lowered_slot_count_a_finished_choice_hands_on_only_its_group_s_
     assert s.pop_freed_slots() == [0] and s.running == 1  # back to the served count
     _, events = step(s, tokens={seq1: EOT})
     assert of(events, Finished)[0].index == 1
-    batch = s.schedule()  # choice 2 runs in choice 1's slot
+    batch = next_batch(s)  # choice 2 runs in choice 1's slot
     assert [(r.seq_id, r.slot) for r in batch.decode] == [(seq2, 1)]
     s.update(batch, {})
     assert [f.index for f in of(run_out(s), Finished)] == [2]
@@ -343,9 +349,9 @@ def test_under_a_lowered_slot_count_a_finished_choice_hands_on_only_its_group_s_
 def test_cancelling_a_group_with_waiting_choices_frees_everything():
     s = make(slots=2, depth=1)
     g = s.add((1,), n=4, max_tokens=9)
-    batch = s.schedule()
+    batch = next_batch(s)
     s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
-    batch = s.schedule()
+    batch = next_batch(s)
     assert s.cancel(g)
     assert s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()}) == []
     assert s.running == 0 and s.in_flight == 0
@@ -355,7 +361,7 @@ def test_cancelling_a_group_with_waiting_choices_frees_everything():
 def test_a_group_s_waiting_choices_count_in_the_wait_for_a_slot():
     s = make(slots=1, chunk=4)
     s.add((1,), n=3, max_tokens=4)
-    batch = s.schedule()
+    batch = next_batch(s)
     s.update(batch, {sid: 7 for sid in batch.sampling_seq_ids()})
     # Three tokens left for the running choice, then two more choices of four tokens.
     assert s.steps_until_a_slot_frees() == 3 + 2 * 4
@@ -387,11 +393,11 @@ def test_lower_limits_hold_new_work_and_clamp_the_window():
     assert fin[0].kv_cap == 48 and fin[0].kv_used == 48
     (refused,) = of(events, Refused)
     assert refused.group_id == waiting and refused.reason == REFUSED_MEMORY
-    batch = s.schedule()
+    batch = next_batch(s)
     assert batch.started == ()  # one slot served, and a holds it
     assert [r.seq_id for r in batch.decode] == [1]
     s.set_limits(served_slots=4, context_window=64)
-    batch = s.schedule()
+    batch = next_batch(s)
     assert [st.group_id for st in batch.started] == [small]
     assert a != small
 
@@ -400,7 +406,7 @@ def test_steps_until_a_slot_frees_bounds_the_wait():
     s = make(slots=1, chunk=4)
     assert s.steps_until_a_slot_frees() == 0
     s.add((1,) * 6, max_tokens=10)
-    s.schedule()
+    next_batch(s)
     # Two prefill chunks, then up to 10 tokens.
     assert s.steps_until_a_slot_frees() == 12
 
