@@ -63,10 +63,10 @@ _EXPORTS: dict[str, str] = {
     # loading
     "ModelFileNotFound": "engine.loading.gguf_file",
     "LoadProgress": "engine.loading.progress",
+    "peek_gguf": "engine.loading.gguf_open",
     # serving: the per-model service and its session table
-    "FALLBACK_PREFILL_TOK_PER_S": "engine.serving.service",
+    "FALLBACK_PREFILL_TOK_PER_S": "engine.serving.admission",
     "ModelService": "engine.serving.service",
-    "peek_gguf": "engine.serving.service",
     "OPEN": "engine.serving.session_key",
     "SessionKey": "engine.serving.session_key",
     "POOLINGS": "engine.serving.embedding",

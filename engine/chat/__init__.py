@@ -13,6 +13,7 @@ from .core import (
     run_turn,
     worst_format_status,
 )
+from .prompt import PromptBuilder
 from .turn import ChatOptions, InvalidTurn, Turn
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "ChoiceResult",
     "InvalidTurn",
     "PreparedTurn",
+    "PromptBuilder",
     "ToolCall",
     "ToolPlan",
     "Turn",

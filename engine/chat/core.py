@@ -32,6 +32,7 @@ from ..types import (
     TokenLogprob,
     Usage,
 )
+from .prompt import PromptBuilder
 from .turn import ChatOptions, InvalidTurn, Turn
 
 TOOL_CHOICES = ("auto", "none", "required")
@@ -163,15 +164,15 @@ def plan_format(turn: Turn) -> tuple[object, str | None, str]:
     return (plan if plan.grammar else None), status, message
 
 
-def raw_prompt_ids(svc, prompt: str | tuple[int, ...]) -> list[int]:
+def raw_prompt_ids(prompts: PromptBuilder, prompt: str | tuple[int, ...]) -> list[int]:
     """A raw prompt's ids: a string tokenized (BOS where the GGUF adds one), ids checked
     against the vocabulary and the window. InvalidTurn (param `prompt`) for an empty
     prompt or an id outside the vocabulary; ContextOverBudget past the window."""
     if isinstance(prompt, str):
-        ids = svc.encode_raw(prompt)
+        ids = prompts.encode_raw(prompt)
     else:
         ids = list(prompt)
-        vocab = svc.tokenizer.vocab_size
+        vocab = prompts.tokenizer.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidTurn(
@@ -180,7 +181,7 @@ def raw_prompt_ids(svc, prompt: str | tuple[int, ...]) -> list[int]:
             )
     if not ids:
         raise InvalidTurn("prompt: empty (it has no tokens)", "prompt")
-    window = svc.context_window_configured
+    window = prompts.context_window
     if len(ids) > window:
         raise ContextOverBudget(len(ids), window)
     return ids
@@ -191,14 +192,15 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
     thinking, the chat template, the tokenizer): run it off the event loop, within a
     deadline. Raises InvalidTurn, or ContextOverBudget when the prompt cannot fit."""
     options = options or ChatOptions()
+    prompts: PromptBuilder = svc.prompts  # the model's template and tokenizer (prompt.py)
     raw = turn.raw_prompt is not None
-    tools = ToolPlan() if raw else plan_tools(turn, svc.tool_dialect, options)
+    tools = ToolPlan() if raw else plan_tools(turn, prompts.tool_dialect, options)
     enable_thinking = False if raw else thinking(turn, options)
     try:
         if raw:
-            prompt_ids, think_open = raw_prompt_ids(svc, turn.raw_prompt), False
+            prompt_ids, think_open = raw_prompt_ids(prompts, turn.raw_prompt), False
         else:
-            prompt_ids, think_open = svc.prepare_chat(
+            prompt_ids, think_open = prompts.prepare_chat(
                 [dict(m) for m in turn.messages], enable_thinking, list(tools.specs), tools.dialect
             )
     except InvalidTurn:  # a raw prompt's own refusal (a ValueError too): as it is
@@ -220,7 +222,7 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         session_id=turn.session_id,
         session_implicit=turn.session_implicit and turn.session_id is not None,
         cache_namespace=turn.cache_namespace,
-        think_style=svc.think_style and not raw,  # a raw prompt's answer is plain text
+        think_style=prompts.think_style and not raw,  # a raw prompt's answer is plain text
         think_open=think_open,
         reasoning_budget=reasoning_budget(turn, svc.config.reasoning_budget),
         constraint=plan,

@@ -185,7 +185,6 @@ class Scheduler:
             )
         return started
 
-
     def resume(self, group_id: int, cached: int) -> bool:
         """A group just admitted starts with its prompt's first `cached` tokens already in
         its first slot's KV (at most all but one: the last prompt token gives the logits).

@@ -372,13 +372,13 @@ async def test_a_30_mb_prompt_is_refused_before_tokenizing(client, served, strea
 @pytest.mark.anyio
 async def test_preparing_past_the_deadline_is_413(client, served, smollm2_service, monkeypatch):
     release = threading.Event()
-    real = smollm2_service.prepare_chat
+    real = smollm2_service.prompts.prepare_chat
 
     def slow(*args, **kwargs):
         release.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(smollm2_service, "prepare_chat", slow)
+    monkeypatch.setattr(smollm2_service.prompts, "prepare_chat", slow)
     monkeypatch.setattr(chat_http, "PREPARE_TIMEOUT_S", 0.3)
     try:
         response = await post(client, {"messages": HELLO, "max_tokens": 1})

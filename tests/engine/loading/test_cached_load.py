@@ -84,7 +84,7 @@ def test_other_bytes_get_their_own_cache_entry(tmp_path):
 
 def test_peeking_at_a_loaded_file_uses_the_cached_header(tmp_path, monkeypatch):
     from engine.loading import gguf_file
-    from engine.serving.service import peek_gguf
+    from engine.loading.gguf_open import peek_gguf
 
     path = write_tiny_llama(tmp_path / "m.gguf")
     cache_dir = tmp_path / "cache"

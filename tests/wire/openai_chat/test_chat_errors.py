@@ -170,7 +170,7 @@ async def test_one_loaded_model_serves_any_model_name(post_chat, served, monkeyp
         seen.append(messages)
         raise ChatTemplateError("stop here")
 
-    monkeypatch.setattr(svc, "prepare_chat", prepare_chat)
+    monkeypatch.setattr(svc.prompts, "prepare_chat", prepare_chat)
     assert (await post_chat({"model": "gpt-4o", "messages": HELLO})).status_code == 400
     assert (await post_chat({"messages": HELLO})).status_code == 400
     assert seen == [HELLO, HELLO]
@@ -210,7 +210,7 @@ async def test_an_unexpected_failure_is_500_without_a_traceback(post_chat, serve
     def explode(messages, *args):
         raise RuntimeError("secret internals /home/x/engine.py line 12")
 
-    monkeypatch.setattr(svc, "prepare_chat", explode)
+    monkeypatch.setattr(svc.prompts, "prepare_chat", explode)
     for stream in (False, True):
         response = await post_chat({"messages": HELLO, "stream": stream})
         error = assert_error(response, 500, "server_error")
@@ -226,7 +226,7 @@ async def test_a_template_refusal_is_400(post_chat, served, monkeypatch):
     def refuse(messages, *args):
         raise ChatTemplateError("Conversation roles must alternate user/assistant")
 
-    monkeypatch.setattr(svc, "prepare_chat", refuse)
+    monkeypatch.setattr(svc.prompts, "prepare_chat", refuse)
     error = assert_error(await post_chat({"messages": HELLO}), 400, "invalid_request_error")
     assert "alternate" in error["message"]
 

@@ -1,0 +1,110 @@
+"""The KV copies that follow from what free slots keep (slot_cache.py's bookkeeping): a
+prompt resumed from a session's parked conversation, a prefix another slot holds, or one
+spilled to host memory; a finished choice's KV kept for the prefix cache or parked as its
+session's newest conversation; freed slots' pages handed back. Engine thread only."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .batch import Finished, Started
+from .sessions import Conversation, SessionTable
+from .slot_cache import SlotContents
+
+if TYPE_CHECKING:
+    from .loop import EngineRequest
+
+
+class SlotKeeper:
+    def __init__(self, kv, contents: SlotContents, sessions: SessionTable, prefix_cache: bool):
+        self.kv = kv
+        self.slot_contents = contents
+        self.sessions = sessions
+        self.prefix_cache = prefix_cache  # the load option: prompts may share kept prefixes
+
+    def clear(self) -> int:
+        """Forget every kept prefix and hand its pages back; the number of slots released."""
+        slots = self.slot_contents.clear()
+        for slot in slots:
+            self.kv.release(slot)
+        return len(slots)
+
+    def resume_prefixes(
+        self, resuming: list[tuple[Started, EngineRequest | None]]
+    ) -> list[tuple[int, int]]:
+        """Groups just admitted whose prompt begins with KV that exists already: a session
+        turn's conversation (copied into the group's first slot unless that slot still
+        holds it) and whatever that slot itself still holds (the prefix cache), whichever
+        covers more. Returns (group id, cached tokens) to resume."""
+        resumed = []
+        for started, req in resuming:
+            copy = self.slot_contents.copy_source(started.slots[0]) if started.slots else None
+            if req is None or not started.slots:
+                self.slot_contents.taken(started.slots)
+                continue
+            slot, prompt = started.slots[0], req.request.prompt_ids
+            spill = self.slot_contents.spill_source(slot)
+            if spill is not None:  # what the slot kept, to host memory before it is overwritten
+                spill.k, spill.v = self.kv.save(slot, len(spill.tokens))
+                self.slot_contents.spilled(spill, time.monotonic())
+            cached = 0
+            if copy is not None:  # a kept prefix another conversation's slot also holds
+                source, cached = copy
+                self.kv.copy_prefix(source, slot, cached)
+            restore = self.slot_contents.restore_source(slot)
+            if restore is not None:  # a prefix spilled to host memory earlier
+                entry, n = restore
+                self.kv.load(slot, entry.k, entry.v, n)
+                cached = max(cached, n)
+            sid = req.request.session_id
+            if sid is not None and self.sessions.enabled:
+                req.resume = self.sessions.match(sid, prompt)
+                conv, resumed_n = req.resume.conversation, req.resume.cached
+                if conv is not None and resumed_n > cached:
+                    if self.slot_contents.parked_conversation(slot) is not conv:
+                        self.kv.load(slot, conv.k, conv.v, resumed_n)
+                    cached = resumed_n
+            # Positions the slot holds for this prompt stay valid past a copy into it:
+            # the copy wrote the same tokens' KV over the first of them.
+            if self.prefix_cache:
+                namespace = req.request.cache_namespace
+                cached = max(cached, self.slot_contents.reusable(slot, prompt, namespace))
+            if cached > 0:
+                resumed.append((started.group_id, cached))
+            self.slot_contents.taken(started.slots)  # overwritten from now on
+        return resumed
+
+    def release_freed(self, freed: list[int]) -> None:
+        """Hand back the KV pages of freed slots that hold nothing worth keeping, and of
+        kept ones past the bounds (slot_cache); of a slot kept, the pages past what it
+        keeps (an earlier, longer sequence's positions, read by no one)."""
+        for slot in self.slot_contents.freed(freed, time.monotonic()):
+            self.kv.release(slot)
+        for slot in freed:
+            kept = self.slot_contents.kept_positions(slot)
+            if kept:
+                self.kv.release(slot, keep=kept)
+
+    def keep_finished(
+        self, req: EngineRequest, index: int, token_ids: list[int], event: Finished
+    ) -> bool:
+        """A choice ended: note what its slot holds (still intact: the slot is reused only
+        at the next step) for the prefix cache; for choice 0 of a session turn, keep that
+        KV as the session's newest conversation. Returns the session_conflict flag."""
+        request = req.request
+        n_out = event.kv_written - len(request.prompt_ids)
+        tokens = (*request.prompt_ids, *token_ids[:n_out])
+        if n_out < 0 or len(tokens) != event.kv_written or event.slot < 0:
+            return False
+        now = time.monotonic()
+        if index != 0 or request.session_id is None or not self.sessions.enabled:
+            if self.prefix_cache:
+                self.slot_contents.ended(event.slot, tokens, now, request.cache_namespace)
+            return False
+        k, v = self.kv.save(event.slot, event.kv_written)
+        conversation = Conversation(tokens, k, v)
+        self.slot_contents.ended(
+            event.slot, tokens, now, request.cache_namespace, parked=conversation
+        )
+        return self.sessions.park(request.session_id, conversation, req.resume)
