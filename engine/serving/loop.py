@@ -109,8 +109,6 @@ class EngineLoop:
         window: int,
     ):
         self.name = name
-        self.config = config
-        self.kv = kv
         self.tokenizer = tokenizer
         self.ladder = ladder
         self.slots_configured = slots

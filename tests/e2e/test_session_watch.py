@@ -19,7 +19,7 @@ from tests.e2e.daphne_server import Server, running_server
 MODEL = "smollm2-135m-instruct"
 TTL_S = 1.5
 GRACE_S = 1.5
-REAP_S = 1.0  # engine.serving.service.SESSION_REAP_S
+REAP_S = 1.0  # engine.serving.loop.SESSION_REAP_S
 PAST_TTL_S = TTL_S + REAP_S + 1.5
 HELLO = [{"role": "user", "content": "Hi"}]
 
