@@ -10,31 +10,23 @@ package (engine/chat/prompt.py); sessions travel as blobs through session_transf
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Generator, Sequence
 from concurrent.futures import Future
 
-from kernels import die_backend, get_backend
-from kernels.devices import dies
-
 from ..chat.prompt import PromptBuilder
 from ..decoding.constraints import GrammarTokenizer
 from ..loading.gguf_file import GGUFFile
-from ..loading.gguf_open import open_gguf
-from ..loading.progress import CACHE_WRITE, PARSE, LoadReporter, ProgressCallback, ProgressLog
-from ..models import architecture_module
-from ..models._pipeline import load_pipeline
-from ..text.chat_template import ChatTemplate, ChatTemplateError
-from ..text.tokenizer import Tokenizer, spm_merges_of
+from ..loading.model_load import load_model
+from ..loading.progress import ProgressCallback
+from ..text.tokenizer import Tokenizer
 from ..types import (
     MAX_CHOICES,
     FinishEvent,
     GenerationFailed,
     GenerationRequest,
     ModelConfig,
-    ModelLoadError,
     TokenEvent,
 )
 from .admission import Admission
@@ -49,14 +41,6 @@ from .sessions import Conversation, SessionInfo
 log = logging.getLogger("pantheon.engine.service")
 
 DEFAULT_CTX_CAP = 8192
-
-
-def _dies_for(config: ModelConfig) -> list:
-    """The dies `config` places its layers on (kernels.devices.dies), or [] for host memory."""
-    try:
-        return dies.placement(config.dies, config.backend)
-    except ValueError as exc:
-        raise ModelLoadError(f"{config.name}: {exc}") from None
 
 
 class ModelService:
@@ -135,54 +119,15 @@ class ModelService:
 
     @classmethod
     def load(cls, config: ModelConfig, on_progress: ProgressCallback | None = None) -> ModelService:
-        """Open, dequantise and start serving a GGUF. Blocking; raises ModelLoadError.
-
-        With `config.weight_cache_dir`, everything derived from the file (its parsed
-        header, tokenizer merges, the prepared float32 tensors) comes from the weight cache
-        when a valid entry for these bytes exists, and is stored there when not.
-        `on_progress` is called on the loading thread after each step
-        (loading/progress.py); the log gets a progress line every tenth or second."""
+        """Open, dequantise and start serving a GGUF (loading/model_load.py). Blocking;
+        raises ModelLoadError. `on_progress` is called on the loading thread after each
+        step (loading/progress.py)."""
         t0 = time.perf_counter()
-        progress = LoadReporter([ProgressLog(config.name), on_progress])
-        progress.phase(PARSE)
-        gf, cache = open_gguf(config)
-        progress.begin(len(gf.tensors), sum(gf.stored_bytes(n) for n in gf.tensors))
-        with cache if cache is not None else contextlib.nullcontext():
-            arch = architecture_module(gf.architecture)
-            try:
-                merges = (
-                    cache.get_json("spm-merges", lambda: spm_merges_of(gf.metadata))
-                    if cache is not None
-                    else None
-                )
-                tokenizer = Tokenizer.from_gguf(gf.metadata, spm_merges=merges)
-            except (NotImplementedError, KeyError, ValueError) as exc:
-                raise ModelLoadError(f"{gf.path.name}: unusable tokenizer metadata: {exc}") from exc
-            template = ChatTemplate.from_gguf(gf.metadata)
-            if config.chat_template:  # the operator's template, with the GGUF's bos/eos texts
-                try:
-                    template = ChatTemplate(
-                        config.chat_template,
-                        bos_token=template.bos_token,
-                        eos_token=template.eos_token,
-                    )
-                except ChatTemplateError as exc:
-                    raise ModelLoadError(f"{config.name}: chat_template: {exc}") from exc
-            placed = _dies_for(config)
-            if placed:  # split by layers across dies, each stage on its die's thread
-                model = load_pipeline(gf, arch.SPEC, placed, die_backend, progress, cache)
-            else:
-                try:
-                    backend = get_backend(config.backend)
-                except ValueError as exc:
-                    raise ModelLoadError(f"{config.name}: {exc}") from None
-                model = arch.load(gf, progress, cache, backend=backend, quantize=config.quantize)
-            if cache is not None and cache.misses:
-                progress.phase(CACHE_WRITE)  # published as the block exits
-        progress.finish()
-        svc = cls(config, gf, model, tokenizer, template)
+        loaded = load_model(config, on_progress)
+        gf = loaded.gguf
+        svc = cls(config, gf, loaded.model, loaded.tokenizer, loaded.template)
         svc.load_seconds = round(time.perf_counter() - t0, 3)
-        svc.weight_cache_used = cache is not None and cache.used
+        svc.weight_cache_used = loaded.weight_cache_used
         log.info(
             "%s: loaded %s (%s, weights %s) in %.2f s%s",
             config.name,

@@ -149,10 +149,10 @@ def test_the_cuda_backend_without_a_die_fails_the_load_clearly(api, rt, model_di
 def test_graph_slots_are_reported_once_exercised(api, rt, model_dir, two_dies, monkeypatch):
     """Decode steps through graph slots (the replay path of kernels/cuda/graphs.py with
     xp = numpy: tests/engine/models/test_graphed_decode.py): both rows carry `graphs`."""
-    from engine.serving import service
+    from engine.loading import model_load
     from tests.engine.models.test_graphed_decode import GraphedXp
 
-    monkeypatch.setattr(service, "die_backend", lambda die: GraphedXp(die.xp))
+    monkeypatch.setattr(model_load, "die_backend", lambda die: GraphedXp(die.xp))
     load(api, name="graphed", dies=[0, 1])
     assert "graphs" not in api.get("/v1/models").json()["data"][0]  # nothing exercised yet
     body = {"model": "graphed", "messages": HI, "max_tokens": 4, "temperature": 0}
