@@ -91,8 +91,8 @@ def test_the_numpy_reference_does_not_pack(smollm2_path):
 def test_the_runner_packs_a_steps_chunks_and_samples_what_alone_gives(smollm2):
     from engine.decoding.sampler import Sampler
     from engine.decoding.state import DecodeState
-    from engine.serving.runner import Runner
     from engine.serving.batch import Batch, PrefillChunk
+    from engine.serving.runner import Runner
     from engine.types import SamplingParams
 
     rng = np.random.default_rng(3)
