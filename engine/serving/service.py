@@ -44,6 +44,10 @@ DEFAULT_CTX_CAP = 8192
 
 
 class ModelService:
+    """One loaded model instance, as the apps see it: what it serves and its limits now,
+    its prompts, generation, jobs and sessions. The work is done by its parts (the engine
+    loop, admission, the prompt builder, session transfer), which it builds and wires."""
+
     def __init__(self, config: ModelConfig, gf: GGUFFile, model, tokenizer: Tokenizer, template):
         self.config = config
         self.name = config.name
