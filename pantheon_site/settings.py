@@ -38,7 +38,8 @@ PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
 PANTHEON_KEY_MAX_SESSIONS  session ids one API key may hold per model (0: max_sessions // 2
                        while several keys could hold sessions, else no cap)
-PANTHEON_KEY_MAX_WATCHES   session watches one API key may hold per model (0: half, as above)
+PANTHEON_KEY_MAX_WATCHES   session watches one API key may hold per model (0: the watch
+                       table divided among the keys, as above; never more than that share)
 PANTHEON_RESPONSES_IMPLICIT_TTL_S  seconds an idle implicit session (the Responses API's
                        chain without a client session id) keeps its KV (300)
 PANTHEON_MAX_MESSAGES  `messages` a chat request may hold (4096)

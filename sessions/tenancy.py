@@ -10,7 +10,9 @@ none: an open server) that key may use every slot. `attach` gives a model's sess
 table `several_keys`, which the table calls under its lock: it reads a count kept here,
 counted again when a console key is saved or deleted in this process (sessions.apps) and
 at most CACHE_TTL_S old otherwise (recounted in a background thread, never on the
-caller's); until a first count it answers "several" (the caps apply).
+caller's); until a first count it answers "several" (the caps apply). The default watch
+cap is the watch table divided among those keys (`key_holders`), so keys under their cap
+can never fill the table together; see SessionTable.watch.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def _env_holders() -> int:
 
 
 def count_console_holders() -> int:
-    """Unrevoked console keys that could hold sessions, counted up to 2 (only "more than
-    one" matters). Database access: call from a thread."""
+    """Unrevoked console keys that could hold sessions (the watch cap divides the table
+    among them). Database access: call from a thread."""
     from access.models import ApiKey
     from pantheon_platform.routes import INFERENCE, SESSIONS
 
@@ -47,8 +49,6 @@ def count_console_holders() -> int:
     for scopes in ApiKey.objects.filter(revoked=False).values_list("scopes", flat=True):
         if isinstance(scopes, list) and (INFERENCE in scopes or SESSIONS in scopes):
             found += 1
-            if found > 1:
-                break
     return found
 
 
@@ -81,9 +81,17 @@ def _refresh_in_background() -> None:
 def several_keys() -> bool:
     """Whether more than one key could hold sessions on this server. Never blocks: a
     stale count is answered and counted again in the background."""
-    env = _env_holders()
-    if env > 1:
+    if _env_holders() > 1:
         return True
+    holders = key_holders()
+    return True if holders is None else holders > 1
+
+
+def key_holders() -> int | None:
+    """How many keys could hold sessions (env keys set plus console keys), None until
+    first counted. Never blocks: a stale count is answered and counted again in the
+    background."""
+    env = _env_holders()
     with _lock:
         count = _console["count"]
         start = time.monotonic() >= _console["until"] and not _console["refreshing"]
@@ -93,7 +101,7 @@ def several_keys() -> bool:
         threading.Thread(
             target=_refresh_in_background, name="pantheon-key-count", daemon=True
         ).start()
-    return True if count is None else env + count > 1
+    return None if count is None else env + count
 
 
 def attach(table) -> None:
@@ -105,6 +113,7 @@ def attach(table) -> None:
     if unknown:
         refresh()
     table.several_keys = several_keys
+    table.key_holders = key_holders
 
 
 def forget() -> None:

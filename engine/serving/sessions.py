@@ -11,7 +11,9 @@ KV. Each namespace but OPEN may hold at most `key_max_sessions` ids and
 `key_max_watches` watches, so one key cannot take every slot from the others. A cap left
 at its default (0: half the table's) applies only while `several_keys()` says more than
 one key could hold sessions (the server sets it: sessions.tenancy), so the only key of a
-single-user server may use every slot; a cap set explicitly always applies.
+single-user server may use every slot; a cap set explicitly always applies. A capped
+key's watches are further held to the watch table's share per key (`key_holders()`), so
+the keys together cannot fill the watch table.
 
 A session id owns up to MAX_CONVERSATIONS conversations (a client may send its title
 request and its real turns under one id). Each conversation is the token history whose
@@ -166,6 +168,9 @@ class SessionTable:
         # lock, so it must not block (sessions.tenancy.several_keys reads a cached count).
         # None (an engine without a server): assume several, the safe side.
         self.several_keys: Callable[[], bool] | None = None
+        # How many keys could hold watches (None: not known yet): the watch cap divides
+        # the watch table among them (`_watch_cap_locked`). Also non-blocking.
+        self.key_holders: Callable[[], int | None] | None = None
         self.clock = clock
         self.listener: Callable[[SessionKey], None] | None = None
         self._lock = threading.Lock()
@@ -337,11 +342,12 @@ class SessionTable:
             if sum(self._watches.values()) >= self.max_watches:
                 raise WatchUnavailable(f"the watch table is full ({self.max_watches} watches held)")
             if self._capped_locked(key, self._watches_cap_set):
+                cap = self._watch_cap_locked()
                 mine = sum(n for k, n in self._watches.items() if k.namespace == key.namespace)
-                if mine >= self.key_max_watches:
+                if mine >= cap:
                     raise WatchUnavailable(
                         f"this API key holds {mine} session watches, its limit "
-                        f"({self.key_max_watches}); close one first"
+                        f"({cap} of the model's {self.max_watches}); close one first"
                     )
             self._watches[key] = self._watches.get(key, 0) + 1
             self._grace.pop(key, None)
@@ -421,6 +427,20 @@ class SessionTable:
             return bool(self.several_keys())
         except Exception:  # an answer that cannot be had: the safe side
             return True
+
+    def _watch_cap_locked(self) -> int:
+        """A capped key's watch limit: `key_max_watches`, but never more than the table's
+        share per key (the table divided among the keys that could hold watches, two
+        while that count is unknown), so keys under their cap can never fill the table
+        together and a key under its cap is not refused because others filled it."""
+        holders = None
+        if self.key_holders is not None:
+            try:
+                holders = self.key_holders()
+            except Exception:  # an answer that cannot be had: the default's two keys
+                holders = None
+        share = self.max_watches // (max(1, holders) if holders else 2)
+        return max(1, min(self.key_max_watches, share))
 
     def _ttl(self, session: _Session) -> float:
         if session.idle_ttl_s is not None:

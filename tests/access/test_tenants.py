@@ -131,6 +131,39 @@ def test_a_cap_set_explicitly_applies_even_to_the_only_key():
         table.watch(SessionKey("a1", "key:1"))
 
 
+def test_keys_at_their_watch_cap_cannot_fill_the_watch_table():
+    """Issue 36 9a: two keys at the cap filled the 64-watch table (503 for the rest). The
+    cap is the table's share per key that could hold watches."""
+    table = SessionTable(64, max_watches=64)
+    table.several_keys = lambda: True
+    table.key_holders = lambda: 3
+    for name in ("a", "b"):
+        for i in range(64):
+            try:
+                table.watch(SessionKey(f"w{i}", f"key:{name}"))
+            except WatchUnavailable as refused:
+                assert "this API key holds 21" in str(refused)
+                break
+    for i in range(21):  # the third key still gets its whole share
+        table.watch(SessionKey(f"w{i}", "key:c"))
+    with pytest.raises(WatchUnavailable, match=r"this API key holds 21 .*\(21 of the model's 64\)"):
+        table.watch(SessionKey("w21", "key:c"))
+
+
+def test_an_explicit_watch_cap_is_held_to_the_tables_share():
+    table = SessionTable(4, max_watches=64, key_max_watches=40)
+    table.key_holders = lambda: 2
+    for i in range(32):
+        table.watch(SessionKey(f"w{i}", "key:a"))
+    with pytest.raises(WatchUnavailable, match="this API key holds 32"):
+        table.watch(SessionKey("w32", "key:a"))
+    table.key_holders = lambda: 1  # the only key: its explicit cap
+    for i in range(32, 40):
+        table.watch(SessionKey(f"w{i}", "key:a"))
+    with pytest.raises(WatchUnavailable, match="this API key holds 40"):
+        table.watch(SessionKey("w40", "key:a"))
+
+
 def test_an_answer_that_cannot_be_had_keeps_the_caps():
     table = SessionTable(4)
     table.several_keys = lambda: 1 / 0
@@ -169,7 +202,12 @@ def test_several_keys_counts_the_keys_that_could_hold_sessions(counted, settings
     from access import keys
     from access.models import ApiKey
 
+    assert counted.key_holders() == 2
+    console_key("three", ["inference"])
+    assert counted.key_holders() == 3  # every key counted: the watch table's share
+
     ApiKey.objects.filter(key_hash=keys.digest(one)).get().delete()
+    ApiKey.objects.filter(name="three").delete()
     assert counted.several_keys() is False
     settings.PANTHEON_API_KEY = "pk-env-client"
     settings.PANTHEON_ADMIN_API_KEY = "pk-env-admin"  # two env keys, whatever the database
