@@ -23,7 +23,8 @@ In this order (pantheon_site.stack puts it inside the access log, outside the bo
 Only `http` scopes are checked; the rest (lifespan) pass through. The authenticated key's
 label (never the key) is put in scope["pantheon.key"] in place, for the access log, and
 its session namespace (namespace_of) in scope["pantheon.namespace"]: each key's sessions
-are its own (pantheon_platform/tenancy.py).
+are its own (pantheon_platform/tenancy.py); whether it is an operator (is_operator) in
+scope["pantheon.operator"].
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SCOPE_KEY = "pantheon.key"  # the authenticated key's label, for the access log
 NAMESPACE_KEY = "pantheon.namespace"  # whose sessions it reaches (pantheon_platform/tenancy.py)
+OPERATOR_KEY = "pantheon.operator"  # may see server internals (pantheon_platform/tenancy.py)
 NAMESPACE_HEADER = b"x-pantheon-namespace"  # a router's caller's namespace (namespace_for)
 NAMESPACE_MAX = 256
 KEY_HOWTO = (
@@ -72,6 +74,7 @@ class AccessGuard:
         except Refusal as refusal:
             return await refuse(send, refusal, scope.get("path", ""))
         scope[NAMESPACE_KEY] = namespace_for(scope, principal)  # in place, before routing
+        scope[OPERATOR_KEY] = is_operator(scope, principal)
         if principal is None:
             return await self.app(scope, receive, send)
         scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it
@@ -191,6 +194,15 @@ def namespace_for(scope, principal: keys.Principal | None) -> str:
         if principal is None or routes.ADMIN in principal.scopes:
             return forwarded
     return namespace_of(principal)
+
+
+def is_operator(scope, principal: keys.Principal | None) -> bool:
+    """Whether the caller may see the server's internals (a model's file path): an
+    admin-scoped key, or anyone on a server with no key; never a client a router forwards
+    (X-Pantheon-Namespace), whose own key is not known here."""
+    if header(scope, NAMESPACE_HEADER):
+        return False
+    return principal is None or routes.ADMIN in principal.scopes
 
 
 # Not thread-sensitive: outside Django's per-request context, thread-sensitive calls share

@@ -33,6 +33,21 @@ def namespace(request_or_scope) -> str:
     return value if isinstance(value, str) and value else OPEN
 
 
+SCOPE_OPERATOR = "pantheon.operator"  # access.guard.OPERATOR_KEY
+
+
+def is_operator(request_or_scope) -> bool:
+    """Whether the caller may see the server's internals (a model file's absolute path):
+    an admin-scoped key, or any caller of a server with no key. Without a guard in front
+    (a test client, WSGI) as on a server with no key."""
+    scope = request_or_scope if isinstance(request_or_scope, dict) else None
+    if scope is None:
+        scope = getattr(request_or_scope, "scope", None)
+    if not isinstance(scope, dict):
+        return True
+    return scope.get(SCOPE_OPERATOR, True) is not False
+
+
 def session_key(request_or_scope, session_id: str | None) -> SessionKey | None:
     """The caller's session `session_id` (None stays None)."""
     if session_id is None:

@@ -66,11 +66,14 @@ def _no_action_log(self, protocol, action, details) -> None:
 # --- the raw answers -------------------------------------------------------------------
 
 
-def raw_error(status: int, message: str, type_: str, headers=()) -> bytes:
-    """A whole HTTP/1.1 response in the contract's error shape, closing the connection."""
-    from pantheon_platform.errors import error_body
+def raw_error(status: int, message: str, type_: str, headers=(), path: str = "") -> bytes:
+    """A whole HTTP/1.1 response, closing the connection, in the error shape of the wire
+    format `path` speaks (Anthropic's on /v1/messages, Ollama's on /api/, the contract's
+    elsewhere: pantheon_platform.errors.wire_error_body), as the ASGI layers answer."""
+    from pantheon_platform.errors import wire_error_body
 
-    body = json.dumps(error_body(message, type_), separators=(",", ":")).encode()
+    body = json.dumps(wire_error_body(path, status, message, type_), separators=(",", ":"))
+    body = body.encode()
     lines = [
         b"HTTP/1.1 %d %s" % (status, reason_phrase(status)),
         b"content-type: application/json",
@@ -282,9 +285,9 @@ def _request_class():
             self._refused = True
             self.content = BytesIO()
             self.requestHeaders.removeHeader(b"expect")  # no 100 Continue after this
-            answer = raw_error(status, message, type_, headers)
-            answer_and_close(self.channel, answer)
             scope = getattr(self, "_scope", None) or {}
+            answer = raw_error(status, message, type_, headers, scope.get("path", ""))
+            answer_and_close(self.channel, answer)
             _log_refusal(
                 scope.get("method", ""),
                 scope.get("path", ""),

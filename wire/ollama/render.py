@@ -320,8 +320,11 @@ def capabilities(svc) -> list[str]:
     return caps
 
 
-def show_body(name: str, svc, verbose: bool = False) -> dict:
+def show_body(name: str, svc, verbose: bool = False, *, full_path: bool = False) -> dict:
+    """/api/show's body. The modelfile's FROM names the GGUF's file name only: its
+    absolute path is the server's own business, shown only to an operator (`full_path`)."""
     _, mtime = _file(svc)
+    source = svc.path if full_path else os.path.basename(str(svc.path))
     window = svc.context_window
     parameters = "\n".join(
         f"{key:<30} {value}"
@@ -333,7 +336,7 @@ def show_body(name: str, svc, verbose: bool = False) -> dict:
         )
     )
     return {
-        "modelfile": f"# Served by Pantheon as {name}\nFROM {svc.path}\n",
+        "modelfile": f"# Served by Pantheon as {name}\nFROM {source}\n",
         "parameters": parameters,
         "template": svc.template.source,
         "details": details(svc),

@@ -26,6 +26,7 @@ from pantheon_platform.errors import ApiError, json_response, method_not_allowed
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import LOADING, build_id, get_runtime
 from pantheon_platform.strict_json import parse_json_object
+from pantheon_platform.tenancy import is_operator
 from wire.ollama import render
 from wire.ollama import request as parse
 from wire.ollama.render import Answer, Clock, NdjsonResponse, error_response
@@ -286,7 +287,7 @@ def show(request: HttpRequest) -> HttpResponse:
     try:
         model, verbose = parse.parse_show(parse_json_object(request.body))
         name, svc = resolve(model)
-        return json_response(render.show_body(name, svc, verbose))
+        return json_response(render.show_body(name, svc, verbose, full_path=is_operator(request)))
     except Exception as exc:
         return _refusal(exc)
 
