@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "MAX_TOKENS_CLAMP": "engine.types",
     "ModelConfig": "engine.types",
     "ModelLoadError": "engine.types",
+    "UnsupportedArchitecture": "engine.types",
     "NONPOSITIVE_MAX_TOKENS": "engine.types",
     "SamplingParams": "engine.types",
     "ServerBusy": "engine.types",

@@ -237,6 +237,11 @@ class ModelLoadError(EngineError):
     pass
 
 
+class UnsupportedArchitecture(ModelLoadError):
+    """The GGUF's `general.architecture` is not one this engine implements; the message
+    names it and the supported ones (the server answers 400, not 500)."""
+
+
 # --- sessions --------------------------------------------------------------------------
 
 

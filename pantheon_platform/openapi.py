@@ -54,7 +54,12 @@ LOAD_PROGRESS = {
 
 # status -> (component name, description): the error responses every piece refers to.
 ERRORS = {
-    400: ("BadRequest", "invalid_request_error: an empty, malformed or invalid body or query."),
+    400: (
+        "BadRequest",
+        "invalid_request_error: an empty, malformed or invalid body or query; on a model "
+        "load, load_failed for an option this server cannot honour or a GGUF architecture "
+        "it does not implement (named, with the supported ones).",
+    ),
     401: (
         "Unauthorized",
         "invalid_api_key: keys are configured and none, or an unknown one, was sent.",

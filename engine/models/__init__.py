@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..types import ModelLoadError
+from ..types import UnsupportedArchitecture
 
 # Bump when any architecture changes the tensors it prepares at load (fusing, layout): the
 # weight cache keys on it, so older cached files are rebuilt rather than misread.
@@ -20,7 +20,7 @@ def supported_architectures() -> list[str]:
 
 def architecture_module(name: str):
     if name not in supported_architectures():
-        raise ModelLoadError(
+        raise UnsupportedArchitecture(
             f"unsupported architecture {name!r}; supported: {', '.join(supported_architectures())}"
         )
     return importlib.import_module(f"{__name__}.{name}")

@@ -17,6 +17,7 @@ from pantheon_platform.runtime import admission
 from pantheon_platform.runtime.django_settings import hold_load_for_test
 from pantheon_platform.runtime.errors import (
     Conflict,
+    InvalidOption,
     NotFound,
     OperationFailed,
     describe,
@@ -219,7 +220,7 @@ class Runtime(Registry):
                 log.exception("a load hook failed for model %s (the model is loaded)", name)
 
     def _open(self, spec: LoadSpec) -> ModelService:
-        from engine import ModelFileNotFound, ModelLoadError, ModelService
+        from engine import ModelFileNotFound, ModelLoadError, ModelService, UnsupportedArchitecture
 
         log.info("loading model %s from %s", spec.name, spec.config.path)
         started = time.monotonic()
@@ -228,6 +229,8 @@ class Runtime(Registry):
             svc = ModelService.load(config, lambda p: self._note_progress(spec.name, p))
         except ModelFileNotFound as exc:
             raise NotFound(str(exc)) from exc
+        except UnsupportedArchitecture as exc:  # the file, not the server: 400 naming it
+            raise InvalidOption(str(exc)) from exc
         except ModelLoadError as exc:
             raise OperationFailed(str(exc)) from exc
         except Exception as exc:

@@ -155,7 +155,9 @@ def test_a_file_that_is_not_a_model_is_500_load_failed(api, rt, model_dir):
     assert "junk.gguf" in message
 
 
-def test_an_unsupported_architecture_is_500_load_failed_naming_it(api, rt, model_dir):
+def test_an_unsupported_architecture_is_400_load_failed_naming_it(api, rt, model_dir):
+    """Issue 36 item 9: a GGUF of an architecture this engine lacks is the file's fault,
+    not the server's: 400 naming it and the supported ones (was 500)."""
     import gguf
     import numpy as np
 
@@ -166,7 +168,8 @@ def test_an_unsupported_architecture_is_500_load_failed_naming_it(api, rt, model
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert "mamba" in error_of(load(api, path="mamba.gguf"), 500, "load_failed")
+    message = error_of(load(api, path="mamba.gguf"), 400, "load_failed")
+    assert "'mamba'" in message and "supported: " in message and "llama" in message
 
 
 def test_loading_a_loaded_name_is_409(api, rt, model_dir):
