@@ -54,6 +54,8 @@ PANTHEON_ADMIN_API_KEY key for every route, operator routes and session export i
 PANTHEON_ALLOWED_ORIGINS  browser origins allowed to make state-changing requests besides
                        the server's own (comma list; "*": any)
 PANTHEON_KEY_MAX_CONCURRENT  requests one key may have in flight (0: no limit)
+PANTHEON_CONSOLE_LOGIN_MAX_FAILURES  failed console logins per minute, per address and per
+                       username, before the login answers 429 (5; 0: no limit)
 PANTHEON_ALLOW_UNAUTHENTICATED  1: start on a non-loopback address with no key configured
 PANTHEON_ROLE          serve (the default: an engine and its routes) or router (no engine:
                        forwards to the serve instances registered in Redis; cluster/)
@@ -409,6 +411,11 @@ PANTHEON_ALLOWED_ORIGINS = env_list("PANTHEON_ALLOWED_ORIGINS")
 PANTHEON_KEY_MAX_CONCURRENT = env_int("PANTHEON_KEY_MAX_CONCURRENT", 0)
 if PANTHEON_KEY_MAX_CONCURRENT < 0:
     raise EnvError("PANTHEON_KEY_MAX_CONCURRENT must be >= 0")
+# Failed console logins per minute, per remote address and per username, before the login
+# form answers 429 with Retry-After (access/console_login.py); 0: no limit.
+PANTHEON_CONSOLE_LOGIN_MAX_FAILURES = env_int("PANTHEON_CONSOLE_LOGIN_MAX_FAILURES", 5)
+if PANTHEON_CONSOLE_LOGIN_MAX_FAILURES < 0:
+    raise EnvError("PANTHEON_CONSOLE_LOGIN_MAX_FAILURES must be >= 0")
 # Daphne bound to a non-loopback address with no key configured refuses to start
 # (access/startup.py) unless this is set.
 PANTHEON_ALLOW_UNAUTHENTICATED = env_bool("PANTHEON_ALLOW_UNAUTHENTICATED", False)

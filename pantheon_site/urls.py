@@ -3,12 +3,15 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from access import console_login
 from observability import dashboard
 from pantheon_platform import errors
 from pantheon_site import openapi
 
 # The console's index is the live dashboard (observability/dashboard.py).
 admin.site.index_template = dashboard.INDEX_TEMPLATE
+# Failed console logins are throttled per address and per username (access/console_login.py).
+admin.site.login_form = console_login.ThrottledLoginForm
 
 # PANTHEON_ROLE=router: the router's own routes instead of an engine's (cluster/urls.py;
 # the client routes it forwards never reach Django: cluster/asgi.py).
@@ -30,7 +33,9 @@ urlpatterns = [
         admin.site.admin_view(dashboard.dashboard_data),
         name="console-dashboard",
     ),
-    # The Django admin lives at /console/: /admin/... belongs to the operator routes.
+    # The Django admin lives at /console/: /admin/... belongs to the operator routes. Its
+    # login view, first: a throttled attempt is a 429 (access/console_login.py).
+    path("console/login/", console_login.throttled(admin.site.login)),
     path("console/", admin.site.urls),
     path("console", RedirectView.as_view(url="/console/")),
     # The OpenAPI document of every route above (open: no key).
