@@ -304,10 +304,14 @@ def _request_class():
 
         # Daphne's HTML error page (a non-ASCII path or query, an application that fails)
         def basic_error(self, status, status_text, body):
-            from pantheon_platform.errors import error_body
+            from pantheon_platform.errors import wire_error_body
 
             type_ = "invalid_request_error" if status < 500 else "server_error"
-            payload = json.dumps(error_body(str(body), type_), separators=(",", ":"))
+            path = (getattr(self, "path", None) or b"").split(b"?", 1)[0]
+            payload = json.dumps(
+                wire_error_body(path.decode("latin-1"), status, str(body), type_),
+                separators=(",", ":"),
+            )
             self.handle_reply(
                 {
                     "type": "http.response.start",
