@@ -324,7 +324,7 @@ def _strings(schema, path: str = "") -> list[tuple[str, dict]]:
 def test_every_responses_text_field_shows_its_bound():
     """The Responses request's strings are all bounded, as the parser bounds them:
     the texts (whether or not they reach the prompt) by TEXT_MAX, names and ids tighter."""
-    from wire.responses.conversation import TEXT_MAX
+    from wire.fields import TEXT_MAX
     from wire.responses.request import METADATA_VALUE_MAX, TOOL_NAME_MAX
 
     schema = openapi.document()["components"]["schemas"]["ResponsesRequest"]

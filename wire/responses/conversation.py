@@ -13,7 +13,7 @@ from django.conf import settings
 
 from pantheon_platform.errors import invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX
-from wire.fields import AnyOf, Array, Field, Shape, String, Table
+from wire.fields import TEXT_MAX, AnyOf, Array, Field, Shape, String, Table
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -23,12 +23,9 @@ UNSEEN_PARTS = {
     "input_audio": "audio",
 }
 
-# One text of the conversation (a message's content or part, a call's arguments, a tool's
-# output, a reasoning text; also `instructions` and a tool's description): at most this
-# many characters, whether or not the template puts it in the prompt (one that does not
-# render earlier calls still stores them). About a million tokens: longer than any window
-# a model here is served with, so no prompt that could fit is refused by it.
-TEXT_MAX = 4 * 2**20
+# Every text of the conversation (a message's content or part, a call's arguments, a
+# tool's output, a reasoning text) is bounded by TEXT_MAX, whether or not the template
+# renders it (one that does not render earlier calls would still store them).
 
 _STRING = String(TEXT_MAX)
 _CALL_ID = String(IDENTIFIER_MAX, min_length=1)

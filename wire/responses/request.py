@@ -26,6 +26,7 @@ from pantheon_platform.errors import invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 from wire.fields import (
     RESPONSES,
+    TEXT_MAX,
     AnyOf,
     Array,
     Boolean,
@@ -37,7 +38,7 @@ from wire.fields import (
     String,
     Table,
 )
-from wire.responses.conversation import ITEMS, TEXT_MAX, input_messages
+from wire.responses.conversation import ITEMS, input_messages
 
 # reasoning.effort -> (thinking on?, reasoning budget in tokens; 0: no budget). "none" and
 # "minimal" turn thinking off; the others bound the think block, "max" not at all.

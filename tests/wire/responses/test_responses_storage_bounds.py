@@ -13,7 +13,7 @@ import pytest
 
 from tests.access.helpers import bearer, console_key, in_db
 from tests.wire.responses.test_responses import RESPONSES, app, call, events_of, greedy
-from wire.responses.conversation import TEXT_MAX
+from wire.fields import TEXT_MAX
 
 __all__ = ["app"]  # the fixture, imported for these tests
 
@@ -221,3 +221,15 @@ def test_expired_records_are_swept_when_one_is_stored(settings, monkeypatch):
     newer, _ = _save("key:2", 2)
     assert _ids("key:1") == set() and _ids("key:2") == {fresh, newer}
     assert storage.find("key:2", fresh) is not None
+
+
+def test_an_anthropic_tool_description_has_the_same_bound():
+    from pantheon_platform.errors import ApiError
+    from wire.anthropic.request import parse_messages_request
+
+    tool = {"name": "f", "description": LONG, "input_schema": {"type": "object"}}
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(ApiError) as refused:
+        parse_messages_request({**body, "tools": [tool]})
+    assert refused.value.status == 400
+    assert refused.value.extra["param"] == "tools.0.description"
