@@ -344,3 +344,10 @@ def test_every_responses_text_field_shows_its_bound():
     assert call["arguments"]["maxLength"] == TEXT_MAX
     metadata = props["metadata"]["anyOf"][0]
     assert metadata["additionalProperties"]["maxLength"] == METADATA_VALUE_MAX
+    stats = openapi.document()["components"]["schemas"]["UsageStats"]["properties"]
+    assert set(stats["stored_responses"]["properties"]["limits"]["properties"]) == {
+        "max_item_bytes",
+        "max_bytes_per_key",
+        "max_per_key",
+        "ttl_s",
+    }
