@@ -29,6 +29,39 @@ _USAGE_ROW = obj(
     ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "errors"),
 )
 
+# What the Responses API stores now (wire/responses/storage.py adds it to the answer).
+_STORED_RESPONSES = obj(
+    {
+        "count": NON_NEGATIVE,
+        "bytes": NON_NEGATIVE,
+        "by_key": {
+            "type": "array",
+            "items": obj(
+                {
+                    "namespace": {
+                        "type": "string",
+                        "description": 'Whose: "key:<console key id>", "env:client", '
+                        '"env:admin" or "open".',
+                    },
+                    "count": NON_NEGATIVE,
+                    "bytes": NON_NEGATIVE,
+                },
+                ("namespace", "count", "bytes"),
+            ),
+        },
+        "limits": obj(
+            {
+                "max_item_bytes": NON_NEGATIVE,
+                "max_bytes_per_key": NON_NEGATIVE,
+                "max_per_key": NON_NEGATIVE,
+                "ttl_s": NON_NEGATIVE,
+            }
+        ),
+    },
+    ("count", "bytes", "by_key", "limits"),
+    description="Stored responses now (not by range), with the PANTHEON_RESPONSES_* limits.",
+)
+
 
 def schemas() -> dict:
     return {
@@ -39,6 +72,7 @@ def schemas() -> dict:
                 "to": nullable(STRING),
                 "group_by": {"type": "array", "items": {"enum": list(GROUPS)}},
                 "data": {"type": "array", "items": _USAGE_ROW},
+                "stored_responses": _STORED_RESPONSES,
             },
             ("object", "from", "to", "group_by", "data"),
         )

@@ -3,6 +3,7 @@ per key, model, hour or day; the `admin` scope)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from django.db.models import Sum
@@ -26,6 +27,13 @@ ANSWER_NAMES = {
     "generated_tokens": "completion_tokens",
     "errors": "errors",
 }
+# Sections an app adds to /admin/stats, each its name -> what it reports now (e.g. the
+# stored responses, wire.responses): observability never imports an app.
+SECTIONS: dict[str, Callable[[], dict]] = {}
+
+
+def add_section(name: str, report: Callable[[], dict]) -> None:
+    SECTIONS[name] = report
 
 
 @csrf_exempt  # a POST is a 405, not a CSRF 403
@@ -42,7 +50,7 @@ async def metrics_view(request: HttpRequest) -> HttpResponse:
 class StatsView(APIView):
     """GET /admin/stats?from=&to=&group_by=key,model: summed usage buckets whose start is
     in [from, to). The buffer is written first, so the answer includes every request
-    answered before it."""
+    answered before it. Then each of SECTIONS, as it stands now (not by range)."""
 
     def get(self, request):
         start = _instant(request.query_params.get("from"), "from")
@@ -72,6 +80,7 @@ class StatsView(APIView):
                 "to": _iso(end),
                 "group_by": list(group_by),
                 "data": [_row(group, group_by) for group in grouped],
+                **{name: report() for name, report in SECTIONS.items()},
             }
         )
 

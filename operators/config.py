@@ -108,6 +108,30 @@ READ_ONLY = (
         "Tools a chat request may offer.",
     ),
     (
+        "responses_max_item_bytes",
+        "PANTHEON_RESPONSES_MAX_ITEM_BYTES",
+        lambda: settings.PANTHEON_RESPONSES_MAX_ITEM_BYTES,
+        "Bytes of one stored response at most; a larger one is answered, not stored.",
+    ),
+    (
+        "responses_max_bytes_per_key",
+        "PANTHEON_RESPONSES_MAX_BYTES_PER_KEY",
+        lambda: settings.PANTHEON_RESPONSES_MAX_BYTES_PER_KEY,
+        "Bytes of stored responses per API key; past it the key's oldest are evicted.",
+    ),
+    (
+        "responses_max_per_key",
+        "PANTHEON_RESPONSES_MAX_PER_KEY",
+        lambda: settings.PANTHEON_RESPONSES_MAX_PER_KEY,
+        "Stored responses per API key; past it the key's oldest are evicted.",
+    ),
+    (
+        "responses_ttl_s",
+        "PANTHEON_RESPONSES_TTL_S",
+        lambda: settings.PANTHEON_RESPONSES_TTL_S,
+        "Seconds a stored response is kept.",
+    ),
+    (
         "memory_reserve_mb",
         "PANTHEON_MEMORY_RESERVE_MB",
         lambda: settings.PANTHEON_MEMORY_RESERVE_BYTES // 2**20,

@@ -44,6 +44,10 @@ PANTHEON_RESPONSES_IMPLICIT_TTL_S  seconds an idle implicit session (the Respons
                        chain without a client session id) keeps its KV (300)
 PANTHEON_MAX_MESSAGES  `messages` a chat request may hold (4096)
 PANTHEON_MAX_TOOLS     `tools` a chat request may offer (128)
+PANTHEON_RESPONSES_MAX_ITEM_BYTES  a stored response's record at most (1 MiB; larger: not stored)
+PANTHEON_RESPONSES_MAX_BYTES_PER_KEY  stored responses' bytes per API key (64 MiB; oldest evicted)
+PANTHEON_RESPONSES_MAX_PER_KEY  stored responses per API key (1000; oldest evicted)
+PANTHEON_RESPONSES_TTL_S  seconds a stored response is kept (2592000: 30 days)
 PANTHEON_METRICS       0: no metrics or usage stats are counted, GET /metrics is 404 (1)
 PANTHEON_STATS_RETENTION_DAYS  usage stats older than this are kept per day, not per hour (7)
 PANTHEON_STATS_DAYS_KEPT  usage stats (per day) older than this are deleted (365)
@@ -213,6 +217,26 @@ PANTHEON_MAX_MESSAGES = env_int("PANTHEON_MAX_MESSAGES", 4096)
 PANTHEON_MAX_TOOLS = env_int("PANTHEON_MAX_TOOLS", 128)
 if PANTHEON_MAX_MESSAGES < 1 or PANTHEON_MAX_TOOLS < 0:
     raise EnvError("PANTHEON_MAX_MESSAGES must be >= 1 and PANTHEON_MAX_TOOLS >= 0")
+# Stored responses (POST /v1/responses with `store`), bounded per API key: a response
+# whose record is larger than the item cap is answered and not stored; past a key's count
+# or byte cap its oldest are evicted; older than the TTL they are gone (README, Responses).
+PANTHEON_RESPONSES_MAX_ITEM_BYTES = env_int("PANTHEON_RESPONSES_MAX_ITEM_BYTES", 2**20)
+PANTHEON_RESPONSES_MAX_BYTES_PER_KEY = env_int("PANTHEON_RESPONSES_MAX_BYTES_PER_KEY", 64 * 2**20)
+PANTHEON_RESPONSES_MAX_PER_KEY = env_int("PANTHEON_RESPONSES_MAX_PER_KEY", 1000)
+PANTHEON_RESPONSES_TTL_S = env_int("PANTHEON_RESPONSES_TTL_S", 30 * 86400)
+if (
+    min(
+        PANTHEON_RESPONSES_MAX_ITEM_BYTES,
+        PANTHEON_RESPONSES_MAX_BYTES_PER_KEY,
+        PANTHEON_RESPONSES_MAX_PER_KEY,
+        PANTHEON_RESPONSES_TTL_S,
+    )
+    < 1
+):
+    raise EnvError(
+        "PANTHEON_RESPONSES_MAX_ITEM_BYTES, PANTHEON_RESPONSES_MAX_BYTES_PER_KEY, "
+        "PANTHEON_RESPONSES_MAX_PER_KEY and PANTHEON_RESPONSES_TTL_S must be >= 1"
+    )
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -23,6 +23,12 @@ from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.openapi import nullable
 from pantheon_platform.strict_json import INT64_BOUND, json_kind
 
+# One free-form text of a request (a message's content, a tool's description, a call's
+# arguments, a description that only rides along): at most this many characters, whether
+# or not the template puts it in the prompt. About a million tokens: longer than any
+# window a model here is served with, so no prompt that could fit is refused by it.
+TEXT_MAX = 4 * 2**20
+
 
 @dataclass(frozen=True)
 class Wording:

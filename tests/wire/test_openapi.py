@@ -305,3 +305,49 @@ def test_the_load_request_schema_is_read_from_its_serializer(monkeypatch):
     load = openapi.document()["components"]["schemas"]["LoadRequest"]
     assert load["properties"]["ctx_cap"]["anyOf"][0]["maximum"] == 99
     assert load["required"] == ["path"]
+
+
+def _strings(schema, path: str = "") -> list[tuple[str, dict]]:
+    """Every string schema in `schema`, with where it is."""
+    found = []
+    if isinstance(schema, dict):
+        if schema.get("type") == "string":
+            found.append((path, schema))
+        for key, value in schema.items():
+            found += _strings(value, f"{path}/{key}")
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            found += _strings(value, f"{path}/{i}")
+    return found
+
+
+def test_every_responses_text_field_shows_its_bound():
+    """The Responses request's strings are all bounded, as the parser bounds them:
+    the texts (whether or not they reach the prompt) by TEXT_MAX, names and ids tighter."""
+    from wire.fields import TEXT_MAX
+    from wire.responses.request import METADATA_VALUE_MAX, TOOL_NAME_MAX
+
+    schema = openapi.document()["components"]["schemas"]["ResponsesRequest"]
+    strings = _strings(schema)
+    assert strings and all("maxLength" in s for _, s in strings), [
+        where for where, s in strings if "maxLength" not in s
+    ]
+    props = schema["properties"]
+    assert props["instructions"]["anyOf"][0]["maxLength"] == TEXT_MAX
+    json_schema = props["text"]["anyOf"][0]["properties"]["format"]["anyOf"][0]["anyOf"][1]
+    assert json_schema["properties"]["description"]["anyOf"][0]["maxLength"] == TEXT_MAX
+    assert json_schema["properties"]["name"]["maxLength"] == 64
+    tool = props["tools"]["anyOf"][0]["items"]["properties"]
+    assert tool["description"]["anyOf"][0]["maxLength"] == TEXT_MAX
+    assert tool["name"]["maxLength"] == TOOL_NAME_MAX
+    call = props["input"]["anyOf"][1]["items"]["anyOf"][1]["properties"]
+    assert call["arguments"]["maxLength"] == TEXT_MAX
+    metadata = props["metadata"]["anyOf"][0]
+    assert metadata["additionalProperties"]["maxLength"] == METADATA_VALUE_MAX
+    stats = openapi.document()["components"]["schemas"]["UsageStats"]["properties"]
+    assert set(stats["stored_responses"]["properties"]["limits"]["properties"]) == {
+        "max_item_bytes",
+        "max_bytes_per_key",
+        "max_per_key",
+        "ttl_s",
+    }

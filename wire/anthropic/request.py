@@ -26,6 +26,7 @@ from pantheon_platform.strict_json import IDENTIFIER_MAX, MAX_STOP_STRINGS, tool
 from wire.anthropic.conversation import MESSAGE, TEXT_BLOCK, conversation
 from wire.fields import (
     ANTHROPIC,
+    TEXT_MAX,
     Array,
     Boolean,
     Field,
@@ -261,13 +262,13 @@ _NESTED = Wording(says_kind=False)
 TOOL = Table(
     _member("type", Shape({"const": "custom"})),
     _member("name", String(min_length=1), True),
-    _member("description", _STRING),
+    _member("description", String(TEXT_MAX)),  # bounded like the texts (wire/fields.py)
     _member("input_schema", _OBJECT, True),
     wording=_NESTED,
 )
 TOOL_CHOICE = Table(
     _member("type", Shape({"enum": list(TOOL_CHOICES)}), True),
-    _member("name", _STRING),
+    _member("name", _IDENT),  # the name of a tool in `tools`
     _member("disable_parallel_tool_use", Boolean()),
 )
 THINKING = Table(

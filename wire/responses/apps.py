@@ -8,3 +8,9 @@ class ResponsesApiConfig(AppConfig):
     name = "wire.responses"
     label = "responses_api"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from observability.views import add_section
+        from wire.responses import storage
+
+        add_section("stored_responses", storage.stats)

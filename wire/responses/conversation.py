@@ -13,7 +13,7 @@ from django.conf import settings
 
 from pantheon_platform.errors import invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX
-from wire.fields import AnyOf, Array, Field, Shape, String, Table
+from wire.fields import TEXT_MAX, AnyOf, Array, Field, Shape, String, Table
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -23,7 +23,11 @@ UNSEEN_PARTS = {
     "input_audio": "audio",
 }
 
-_STRING = String()
+# Every text of the conversation (a message's content or part, a call's arguments, a
+# tool's output, a reasoning text) is bounded by TEXT_MAX, whether or not the template
+# renders it (one that does not render earlier calls would still store them).
+
+_STRING = String(TEXT_MAX)
 _CALL_ID = String(IDENTIFIER_MAX, min_length=1)
 
 
@@ -92,7 +96,7 @@ def input_messages(value: object, *, allow_empty: bool = False) -> list[dict]:
     follow as tool_calls, function_call_output items as tool turns, reasoning items as
     the next assistant turn's reasoning_content."""
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return [{"role": "user", "content": bounded_text(value, "input")}]
     if value is None:
         if allow_empty:
             return []
@@ -170,7 +174,7 @@ def _message(item: dict, where: str) -> dict:
         )
     content = item.get("content")
     if isinstance(content, str):
-        text = content
+        text = bounded_text(content, f"{where}.content")
     elif isinstance(content, list):
         text = "".join(_part_text(part, f"{where}.content[{j}]") for j, part in enumerate(content))
     else:
@@ -203,7 +207,7 @@ def _part_text(part: object, where: str) -> str:
         )
     if not isinstance(text, str):
         raise invalid_request(f"{where}.text: expected a string", param=f"{where}.text")
-    return text
+    return bounded_text(text, f"{where}.{'refusal' if kind == 'refusal' else 'text'}")
 
 
 def _function_call(item: dict, where: str) -> dict:
@@ -215,6 +219,7 @@ def _function_call(item: dict, where: str) -> dict:
             f"{where}.arguments: expected a string (the arguments as JSON text)",
             param=f"{where}.arguments",
         )
+    bounded_text(arguments, f"{where}.arguments")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -228,6 +233,8 @@ def _function_call_output(item: dict, where: str) -> dict:
             f"{where}.output: expected a string or a list of content parts",
             param=f"{where}.output",
         )
+    else:
+        bounded_text(output, f"{where}.output")
     return {"role": "tool", "tool_call_id": call_id, "content": output}
 
 
@@ -247,8 +254,15 @@ def _reasoning_text(item: dict, where: str) -> str:
                 f"{where}.content[{j}]: expected a reasoning_text part",
                 param=f"{where}.content[{j}]",
             )
-        texts.append(text)
+        texts.append(bounded_text(text, f"{where}.content[{j}].text"))
     return "".join(texts)
+
+
+def bounded_text(text: str, where: str) -> str:
+    """`text`, or a 400 naming `where` when it is longer than TEXT_MAX characters."""
+    if len(text) > TEXT_MAX:
+        raise invalid_request(f"{where}: at most {TEXT_MAX} characters", param=where)
+    return text
 
 
 def _item_str(item: dict, key: str, where: str) -> str:

@@ -1,7 +1,8 @@
 """Stored responses: what `GET /v1/responses/{id}` answers and what a follow-up's
 `previous_response_id` continues. Written before the answer (or the stream's last event)
 leaves, so a response the client saw is never lost. Each belongs to the namespace of the
-API key that made it (sessions.tenancy): another key neither reads nor deletes it."""
+API key that made it (sessions.tenancy): another key neither reads nor deletes it.
+wire/responses/storage.py bounds them: per record, per key (count and bytes), by age."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class StoredResponse(models.Model):
     # (`instructions` excluded: OpenAI does not carry them over).
     conversation = models.JSONField()
     body = models.JSONField(help_text="The response object, as the create call answered it.")
+    # The record's bytes (its conversation and body as JSON): what the per-key byte cap
+    # (PANTHEON_RESPONSES_MAX_BYTES_PER_KEY) sums.
+    size = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["-created"]

@@ -97,7 +97,11 @@ def schemas() -> dict:
             "usage": nullable(usage),
             "previous_response_id": nullable(STRING),
             "instructions": nullable(STRING),
-            "store": BOOL,
+            "store": {
+                **BOOL,
+                "description": "false also when the response was too large to store "
+                "(PANTHEON_RESPONSES_MAX_ITEM_BYTES): answered, not kept.",
+            },
             "metadata": {"type": "object"},
         },
         ("id", "object", "created_at", "status", "model", "output"),
@@ -127,7 +131,8 @@ def add_paths(paths: dict[str, dict]) -> None:
             "(`event: <type>` and `data: {type, sequence_number, ...}`: response.created "
             "... response.completed or response.incomplete; an `error` event and "
             "response.failed when generation fails after the stream opened). Stored "
-            "(store: true, the default) for GET and previous_response_id.",
+            "(store: true, the default) for GET and previous_response_id, within the "
+            "per-key count, byte and age limits (the oldest evicted first).",
             {
                 "description": "The response, or its event stream.",
                 "content": {
@@ -161,7 +166,8 @@ def add_paths(paths: dict[str, dict]) -> None:
         "get": operation(
             RESPONSE_PATH,
             "retrieveResponse",
-            "A stored response, as created (404 for another key's, or one not stored)",
+            "A stored response, as created (404 for another key's, or one not stored, "
+            "evicted or expired)",
             ok(ref("Response")),
             (404,),
             tag="client",
@@ -169,7 +175,8 @@ def add_paths(paths: dict[str, dict]) -> None:
         "delete": operation(
             RESPONSE_PATH,
             "deleteResponse",
-            "Delete a stored response (404 for another key's, or one not stored)",
+            "Delete a stored response (404 for another key's, or one not stored, evicted "
+            "or expired)",
             ok(ref("ResponseDeleted")),
             (404,),
             tag="client",

@@ -26,6 +26,7 @@ from pantheon_platform.errors import invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 from wire.fields import (
     RESPONSES,
+    TEXT_MAX,
     AnyOf,
     Array,
     Boolean,
@@ -74,6 +75,7 @@ TOOL_CHOICES = ("auto", "none", "required")
 VERBOSITY = ("low", "medium", "high")
 SUMMARIES = ("auto", "concise", "detailed")
 FORMAT_NAME_MAX = 64  # text.format.name
+TOOL_NAME_MAX = 64  # as the chat core's tool names (1-64 of [A-Za-z0-9_.-])
 _FUNCTION_TOOL = "A function tool (Responses' flat shape). Other tool types are 400."
 
 
@@ -203,6 +205,10 @@ def _tools(value: object, path: str) -> tuple[list[dict], list[dict]]:
         if not isinstance(name, str) or not name:
             raise invalid_request(
                 f"{where}.name: expected a non-empty string", param=f"{where}.name"
+            )
+        if len(name) > TOOL_NAME_MAX:
+            raise invalid_request(
+                f"{where}.name: at most {TOOL_NAME_MAX} characters", param=f"{where}.name"
             )
         description = FUNCTION_TOOL.value(tool, "description", f"{where}.")
         parameters = tool.get("parameters")
@@ -363,7 +369,7 @@ def _metadata(value: object, path: str) -> dict:
 
 # --- the table -------------------------------------------------------------------------
 
-_STRING = String()
+_STRING = String(TEXT_MAX)  # every free-form text, as the conversation's (conversation.py)
 _IDENT = String(IDENTIFIER_MAX)
 _OBJECT = Shape({"type": "object"})
 
@@ -375,7 +381,7 @@ def _member(name: str, kind, required: bool = False) -> Field:
 
 FUNCTION_TOOL = Table(
     _member("type", Shape({"const": "function"}), True),
-    _member("name", String(min_length=1), True),
+    _member("name", String(TOOL_NAME_MAX, min_length=1), True),
     Field("description", _STRING),
     Field("parameters", _OBJECT),
     Field("strict", Boolean()),
@@ -439,7 +445,7 @@ REQUEST = Table(
                 {"enum": list(TOOL_CHOICES)},
                 Table(
                     _member("type", Shape({"const": "function"}), True),
-                    _member("name", _STRING, True),
+                    _member("name", _IDENT, True),
                 ).schema(),
             )
         ),

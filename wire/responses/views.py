@@ -31,8 +31,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 
-from asgiref.sync import sync_to_async
-from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -49,6 +47,7 @@ from pantheon_platform.errors import (
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.sse import EventStreamResponse
 from pantheon_platform.strict_json import IDENTIFIER_MAX, parse_json_object
+from wire.responses import storage
 from wire.responses.models import StoredResponse
 from wire.responses.render import ResponseBuilder, is_response_id, new_id, sse_event
 from wire.responses.request import ResponsesRequest, parse_request
@@ -289,61 +288,18 @@ def _output_message(output: list[dict]) -> dict:
     return message
 
 
-async def _db(work, *args):
-    """`work(*args)` (ORM calls) on a worker thread, its connection closed after: the ORM
-    never runs on the event loop, and no connection is left behind in a pool thread."""
-
-    def run():
-        try:
-            return work(*args)
-        finally:
-            connection.close()
-
-    return await sync_to_async(run, thread_sensitive=False)()
-
-
-def _save(body: dict, state: _TurnState) -> None:
-    StoredResponse.objects.create(
-        id=body["id"],
-        namespace=state.namespace,
-        model_name=state.model,
-        session_id=state.session_id,
-        conversation=[*state.conversation, _output_message(body["output"])],
-        body=body,
-    )
-
-
 async def _store(body: dict, state: _TurnState) -> None:
-    if state.request.store:
-        await _db(_save, body, state)
+    """Store the response when asked to; one whose record is over the item cap is
+    answered, not stored, and says so (`store: false`)."""
+    if not state.request.store:
+        return
+    conversation = [*state.conversation, _output_message(body["output"])]
+    args = (body, state.namespace, state.model, state.session_id, conversation)
+    if not await storage.db(storage.save, *args):
+        body["store"] = False
 
 
-def _find(namespace: str, response_id: str) -> StoredResponse | None:
-    return StoredResponse.objects.filter(id=response_id, namespace=namespace).first()
-
-
-@dataclass(frozen=True)
-class _Deleted:
-    model: str
-    session_id: str | None  # the session its turn ran under (None: none)
-    last: bool  # no other stored response of the key names that session
-
-
-def _delete(namespace: str, response_id: str) -> _Deleted | None:
-    """Forget the caller's stored response; None when it has none of that id."""
-    with transaction.atomic():
-        stored = StoredResponse.objects.filter(id=response_id, namespace=namespace).first()
-        if stored is None:
-            return None
-        stored.delete()
-        others = StoredResponse.objects.filter(
-            namespace=namespace, model_name=stored.model_name, session_id=stored.session_id
-        )
-        last = stored.session_id is not None and not others.exists()
-    return _Deleted(stored.model_name, stored.session_id, last)
-
-
-def _release_implicit(namespace: str, deleted: _Deleted) -> None:
+def _release_implicit(namespace: str, deleted: storage.Deleted) -> None:
     """The implicit session the deleted response ran under is released once no stored
     response of the key names it (an explicit session is left alone: the client's)."""
     if not deleted.last:
@@ -365,7 +321,7 @@ async def _stored(namespace: str, response_id: str, param: str | None = None) ->
     (nor is an id this server never makes, without asking the database)."""
     if not is_response_id(response_id):
         raise _not_found(response_id, param)
-    stored = await _db(_find, namespace, response_id)
+    stored = await storage.db(storage.find, namespace, response_id)
     if stored is None:
         raise _not_found(response_id, param)
     return stored
@@ -384,7 +340,9 @@ async def response_detail(request: HttpRequest, response_id: str) -> HttpRespons
         if request.method == "GET":
             return json_response((await _stored(namespace, response_id)).body)
         deleted = (
-            await _db(_delete, namespace, response_id) if is_response_id(response_id) else None
+            await storage.db(storage.delete, namespace, response_id)
+            if is_response_id(response_id)
+            else None
         )
         if deleted is None:
             raise _not_found(response_id)
