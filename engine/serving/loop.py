@@ -89,6 +89,10 @@ class EngineStats:
     decode_tok_per_s: float = 0.0  # all sequences together, over the last decode step
     decode_step_s: float = 0.0  # smoothed seconds per decode step
     generations: int = 0
+    # Speculative decoding (serving/speculation.py), all drafts (context and prediction):
+    # tokens proposed for verification, and those verified and emitted.
+    drafted_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 class EngineLoop:
