@@ -244,7 +244,7 @@ class EngineLoop:
             self.wake.clear()
             return
         states = {seq_id: ch.state for seq_id, ch in self._choices.items()}
-        drafts = self._drafts(batch)
+        drafts = self.speculator.drafts(batch.decode, self._choices, self._draft_rooms)
         try:
             sampled = self.runner.run(batch, states, drafts)
         except Exception as exc:
@@ -255,43 +255,20 @@ class EngineLoop:
         self._trim_due = True
         with self.lock:
             events = self.scheduler.update(batch, sampled)
-        if self.runner.verified:
-            self._deliver_verified(batch, events)
-        else:
-            self._deliver(events)
+        self._deliver_step(batch, events)
         self._forget_closed()
 
-    def _drafts(self, batch: Batch) -> dict:
-        """Tokens to verify after this step's decode rows (speculation.py), {} for none."""
-        if not self.speculator.wants(len(batch.decode)):
-            return {}
-        drafters = {
-            row.seq_id: ch.drafter
-            for row in batch.decode
-            if (ch := self._choices.get(row.seq_id)) is not None
-            and ch.drafter is not None
-            and not ch.stopped
-            and not ch.state.forced
-        }
-        if not drafters:
-            return {}
+    def _draft_rooms(self, seq_ids) -> dict[int, int]:
         with self.lock:
-            rooms = {seq_id: self.scheduler.draft_room(seq_id) for seq_id in drafters}
-        return self.speculator.drafts(batch.decode, drafters, rooms)
+            return {s: self.scheduler.draft_room(s) for s in seq_ids}
 
-    def _deliver_verified(self, batch: Batch, events: list) -> None:
-        """A step that verified drafts: its sequences' tokens delivered one round at a
-        time (round j: every sequence's j-th token), the scheduler updated per round and
-        each token's decode state replayed before the output sees it, so that a stop
-        string, the token limit or the grammar ends a sequence exactly where one-token
-        steps would have ended it."""
+    def _deliver_step(self, batch: Batch, events: list) -> None:
+        """A step's events; where it verified drafts (speculation.py), one round at a time
+        (round j: each sequence's j-th token), the scheduler updated per round and each
+        token's decode state replayed before the output sees it: a stop string, the token
+        limit or the grammar ends a sequence where one-token steps would have."""
         verified = self.runner.verified
-        for seq_id, done in verified.items():
-            self.stats.drafted_tokens += len(done.draft.tokens)
-            self.stats.accepted_draft_tokens += done.accepted
-            ch = self._choices.get(seq_id)
-            if ch is not None and ch.drafter is not None:
-                ch.drafter.observe(done)
+        self.speculator.observe(verified, self._choices, self.stats)
         j = 0
         while True:
             for seq_id, done in verified.items():

@@ -77,6 +77,7 @@ class Drafter:
         self.pred_pos: int | None = 0 if self.prediction else None
         self._synced = 0  # output tokens followed through the prediction
         self.length = START_DRAFT
+        self.pred_length = self.max_draft  # a prediction is trusted until it misses
         self.rate = 0.5  # recent acceptance of context drafts
         self.pause = 0
         self.pause_len = PAUSE_STEPS
@@ -92,7 +93,8 @@ class Drafter:
             return None
         self._follow_prediction()
         if self.pred_pos is not None and self.pred_pos < len(self.prediction):
-            tokens = self._clean(self.prediction[self.pred_pos : self.pred_pos + room])
+            end = self.pred_pos + min(room, self.pred_length)
+            tokens = self._clean(self.prediction[self.pred_pos : end])
             if tokens:
                 return Draft(tokens, from_prediction=True)
         if self.pause > 0:
@@ -108,6 +110,8 @@ class Drafter:
         if verified.draft.from_prediction:
             self.accepted_prediction += accepted
             self.rejected_prediction += drafted - accepted
+            full = accepted == drafted
+            self.pred_length = self.max_draft if full else max(2, accepted + 1)
             return
         self.rate = 0.7 * self.rate + 0.3 * (accepted / drafted)
         if accepted == drafted:
@@ -224,14 +228,34 @@ class Speculator:
         """Whether a step of this many decode rows speculates at all."""
         return self.enabled and 0 < n_rows <= MAX_STREAMS
 
-    def drafts(self, rows, drafters: Mapping[int, Drafter], rooms: Mapping[int, int]) -> dict:
-        """{seq_id: Draft} for the step's decode rows that draft."""
+    def drafts(self, rows, choices: Mapping[int, object], rooms_of) -> dict[int, Draft]:
+        """{seq_id: Draft} for the step's decode rows that draft: `choices` the loop's
+        (their drafter and decode state), `rooms_of(seq_ids)` the scheduler's draft_room."""
+        if not self.wants(len(rows)):
+            return {}
+        drafters = {
+            row.seq_id: ch.drafter
+            for row in rows
+            if (ch := choices.get(row.seq_id)) is not None
+            and ch.drafter is not None
+            and not ch.stopped
+            and not ch.state.forced  # a forced token is pushed before the next is chosen
+        }
+        if not drafters:
+            return {}
+        rooms = rooms_of(list(drafters))
         out = {}
-        for row in rows:
-            drafter = drafters.get(row.seq_id)
-            if drafter is None:
-                continue
-            draft = drafter.propose(rooms.get(row.seq_id, 0))
+        for seq_id, drafter in drafters.items():
+            draft = drafter.propose(rooms.get(seq_id, 0))
             if draft is not None:
-                out[row.seq_id] = draft
+                out[seq_id] = draft
         return out
+
+    def observe(self, verified: Mapping[int, Verified], choices: Mapping, stats) -> None:
+        """A step's verify passes: counted (EngineStats) and told to their drafters."""
+        for seq_id, done in verified.items():
+            stats.drafted_tokens += len(done.draft.tokens)
+            stats.accepted_draft_tokens += done.accepted
+            ch = choices.get(seq_id)
+            if ch is not None and ch.drafter is not None:
+                ch.drafter.observe(done)
