@@ -31,18 +31,19 @@ async def _generate(svc, request):
     return ids, finish
 
 
-def generate(svc, params, **spec):
-    return asyncio.run(_generate(svc, GenerationRequest("t", PROMPT, params, **spec)))
+def generate(svc, prompt, params, **spec):
+    return asyncio.run(_generate(svc, GenerationRequest("t", tuple(prompt), params, **spec)))
 
 
-def check_exact(svc, max_tokens: int = 24) -> None:
+def check_exact(svc, prompt=PROMPT, max_tokens: int = 24) -> None:
     for params in PARAMS:
         params = replace(params, max_tokens=max_tokens)
-        off, fin_off = generate(svc, params, speculation="off")
-        auto, fin_auto = generate(svc, params)
+        off, fin_off = generate(svc, prompt, params, speculation="off")
+        assert len(off) >= 3, off  # long enough to draft
+        auto, fin_auto = generate(svc, prompt, params)
         assert auto == off
         accepted = svc.stats.accepted_draft_tokens
-        predicted, fin_pred = generate(svc, params, prediction=tuple(off))
+        predicted, fin_pred = generate(svc, prompt, params, prediction=tuple(off))
         assert predicted == off
         assert fin_pred.usage.accepted_prediction_tokens > 0
         assert svc.stats.accepted_draft_tokens > accepted  # the drafts were verified
@@ -78,6 +79,7 @@ def test_speculation_does_not_change_the_tokens(name, backend, tiny_llama):
 def test_gemma3_speculation_does_not_change_the_tokens(gemma3_path):
     svc = ModelService.load(ModelConfig(name="g", path=str(gemma3_path)))
     try:
-        check_exact(svc, max_tokens=12)
+        prompt = svc.encode_chat([{"role": "user", "content": "Count from one to twenty."}])
+        check_exact(svc, prompt, max_tokens=12)
     finally:
         svc.close()
