@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -110,13 +111,23 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-draft", type=int, default=0, help="0: the model's default")
+    parser.add_argument("--single", action="store_true", help="skip the 8 streams")
     args = parser.parse_args()
     path = args.model or default_model_path()
-    svc = ModelService.load(ModelConfig(name="bench", path=path, max_concurrent=8))
+    config = ModelConfig(name="bench", path=path, max_concurrent=8)
+    if args.max_draft:
+        config = replace(config, spec_max_draft=args.max_draft)
+    svc = ModelService.load(config)
     try:
         params = SamplingParams(temperature=0, max_tokens=args.tokens)
         prompt = svc.encode_chat(
-            [{"role": "user", "content": f"Print this file again, unchanged:\n\n{TEXT}"}]
+            [
+                {
+                    "role": "user",
+                    "content": f"Print this file again, unchanged:\n\n```python\n{TEXT}```",
+                }
+            ]
         )
         print(f"single stream, 'print this file again' ({args.tokens} tokens max):")
         rates = single(svc, prompt, params, args.repeats)
@@ -124,6 +135,8 @@ def main() -> None:
             f"  auto / off = {rates['auto'] / rates['off']:.2f}x, "
             f"prediction / off = {rates['prediction'] / rates['off']:.2f}x"
         )
+        if args.single:
+            return
         prompts = [
             svc.encode_chat([{"role": "user", "content": f"Write about {t}."}]) for t in TOPICS
         ]
