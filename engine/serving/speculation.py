@@ -27,7 +27,9 @@ MAX_STREAMS = 2  # speculate only while this few sequences decode
 START_DRAFT = 4  # a context draft's first length
 NGRAMS = (3, 2)  # suffix lengths looked up in the context, longest first
 REALIGN_NGRAMS = (4, 3, 2, 1)  # suffix lengths that re-find the output in a prediction
-LOW_RATE = 0.15  # a context acceptance rate below this pauses context drafting...
+# A context acceptance rate below this pauses context drafting (a 2-row pass costs ~1.5x
+# one row on a 2-core host: drafts that are mostly wrong cost more than they save)...
+LOW_RATE = 0.35
 PAUSE_STEPS = 16  # ...for this many steps, doubled each time (up to MAX_PAUSE)
 MAX_PAUSE = 256
 
