@@ -115,3 +115,32 @@ def test_gemma3_verify_rows_across_its_sliding_window(backend, gemma3_path):
 def test_smollm2_verify_rows_on_the_cpu_backend(smollm2_path):
     model = _load(smollm2_path, "cpu")
     check_verify_rows(model, 256, [40, 7], n_ctx=64)
+
+
+def test_the_cuda_attention_twin_writes_every_row_before_any_attends():
+    # kernels/cuda/attention.cu (kv_write, then attention_chunk / combine), emulated on
+    # the host: one slot's consecutive rows in one call, bitwise as one row at a time.
+    from kernels.cuda import twins
+
+    rng = np.random.default_rng(5)
+    H, Hkv, Dh, n_ctx, base, k = 4, 2, 16, 300, 250, 7
+    cache = rng.standard_normal((2, 2, 1, Hkv, n_ctx, Dh), dtype=np.float32)  # k, v
+    q = rng.standard_normal((k + 1, H, Dh), dtype=np.float32)
+    kk = rng.standard_normal((k + 1, Hkv, Dh), dtype=np.float32)
+    vv = rng.standard_normal((k + 1, Hkv, Dh), dtype=np.float32)
+    positions = np.arange(base, base + k + 1)
+    for window in (0, 64):
+        one_k, one_v = cache[0].copy(), cache[1].copy()
+        alone = [
+            twins.attention_decode(
+                q[j : j + 1], kk[j : j + 1], vv[j : j + 1], one_k, one_v, 1, [0], [p], 0.25, window
+            )[0]
+            for j, p in enumerate(positions)
+        ]
+        all_k, all_v = cache[0].copy(), cache[1].copy()
+        rows = twins.attention_decode(
+            q, kk, vv, all_k, all_v, 1, [0] * (k + 1), positions, 0.25, window
+        )
+        for j in range(k + 1):
+            assert np.array_equal(rows[j], alone[j]), (window, j)
+        assert np.array_equal(all_k, one_k) and np.array_equal(all_v, one_v)

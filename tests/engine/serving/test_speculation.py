@@ -95,6 +95,24 @@ CASES = {
             },
         },
     ),
+    "tool-required": Turn(
+        user("What is the weather in Paris?"),
+        sampling=replace(GREEDY, max_tokens=48),
+        tools=(
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                    },
+                },
+            },
+        ),
+        tool_choice="required",
+    ),
 }
 
 
@@ -192,3 +210,17 @@ def test_the_drafter_looks_up_the_context_and_follows_the_prediction():
     assert p.propose(8) is None or not p.propose(8).from_prediction
     out += [13]
     assert p.propose(8).tokens == (14, 15)
+
+
+def test_n_two_choices_are_the_same(svc):
+    async def choices(speculation):
+        prepared = prepare_turn(
+            svc, replace(CASES["repeat-seeded-logprobs"], n=2, speculation=speculation)
+        )
+        ids: dict[int, list[int]] = {}
+        async for ev in svc.generate(prepared.request):
+            if isinstance(ev, TokenEvent):
+                ids.setdefault(ev.index, []).extend(ev.token_ids)
+        return ids
+
+    assert asyncio.run(choices("off")) == asyncio.run(choices("auto"))
