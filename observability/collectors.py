@@ -1,8 +1,9 @@
-"""The gauges: read from the runtime at each scrape (never a stale value kept between)."""
+"""The gauges, and the engine's own counters: read from the runtime at each scrape (never a
+stale value kept between)."""
 
 from __future__ import annotations
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pantheon_platform.runtime import get_runtime
 
@@ -55,10 +56,27 @@ PER_MODEL = (
     ),
 )
 
+# (name without _total, help, what a ModelService has counted since it loaded): counters
+# the engine keeps itself, one series per served model. A reload starts them from 0 again,
+# which Prometheus reads as a counter reset.
+PER_MODEL_COUNTERS = (
+    (
+        "pantheon_speculative_draft_tokens",
+        "Tokens drafted for speculative decoding (from the context and from requests' "
+        "prediction) and checked in a verify pass.",
+        lambda svc: svc.stats.drafted_tokens,
+    ),
+    (
+        "pantheon_speculative_accepted_tokens",
+        "Drafted tokens the verify pass confirmed: emitted without a decode step of their own.",
+        lambda svc: svc.stats.accepted_draft_tokens,
+    ),
+)
+
 
 class RuntimeCollector:
-    """A prometheus_client collector over get_runtime(): the per-model gauges of every
-    served name, and the process-wide ones."""
+    """A prometheus_client collector over get_runtime(): the per-model gauges and engine
+    counters of every served name, and the process-wide gauges."""
 
     def collect(self):
         services = get_runtime().services()
@@ -67,6 +85,11 @@ class RuntimeCollector:
             for model, svc in sorted(services.items()):
                 family.add_metric((model,), read(svc))
             yield family
+        for name, doc, read in PER_MODEL_COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=("model",))
+            for model, svc in sorted(services.items()):
+                counter.add_metric((model,), read(svc))
+            yield counter
         # A service registered under two names is counted once.
         distinct = list({id(svc): svc for svc in services.values()}.values())
         yield GaugeMetricFamily(

@@ -19,6 +19,7 @@ from django.utils.html import format_html
 
 from operators import files
 from operators.models import Alias, ServedModel
+from operators.rows import speculation_json
 from operators.serializers import load_spec
 from operators.store import spec_of
 from pantheon_platform.model_files import allowed_model_path
@@ -66,6 +67,7 @@ class ServedModelAdmin(admin.ModelAdmin):
         "sessions",
         "memory",
         "context_window",
+        "draft_acceptance",
         "pinned",
         "should_load",
         "path",
@@ -117,6 +119,13 @@ class ServedModelAdmin(admin.ModelAdmin):
         if info is None:
             return "-"
         return f"{info.svc.context_window} / {info.context_window_configured}"
+
+    @admin.display(description="draft acceptance")
+    def draft_acceptance(self, obj: ServedModel) -> str:
+        """Speculative decoding: accepted / drafted tokens since the load (rows.py)."""
+        info = get_runtime().instance(obj.name)
+        rate = speculation_json(info.svc)["acceptance_rate"] if info else None
+        return "-" if rate is None else f"{rate:.0%}"
 
     # --- actions ---
 

@@ -76,6 +76,13 @@ READ_ONLY = (
         "Default requests decoded at once per model (0: max_sessions).",
     ),
     (
+        "speculation",
+        "PANTHEON_SPECULATION",
+        _engine("speculation"),
+        "Exact speculative decoding: auto drafts tokens (from the context and a request's "
+        "prediction) and verifies them in one pass, the same tokens; off never drafts.",
+    ),
+    (
         "weight_cache",
         "PANTHEON_WEIGHT_CACHE",
         lambda: bool(settings.PANTHEON_ENGINE_OPTIONS.get("weight_cache_dir")),

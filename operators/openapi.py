@@ -68,6 +68,19 @@ _INSTANCE = obj(
         },
         "context_window": {"type": "integer", "minimum": 1},
         "context_window_configured": {"type": "integer", "minimum": 1},
+        "speculation": obj(
+            {
+                "mode": {"type": "string", "enum": ["auto", "off"]},
+                "drafted_tokens": NON_NEGATIVE,
+                "accepted_tokens": NON_NEGATIVE,
+                "acceptance_rate": {
+                    **nullable({"type": "number", "minimum": 0, "maximum": 1}),
+                    "description": "accepted / drafted since the load; null before any draft",
+                },
+            },
+            ("mode", "drafted_tokens", "accepted_tokens", "acceptance_rate"),
+            description="Exact speculative decoding (PANTHEON_SPECULATION).",
+        ),
         "graphs": obj(
             {
                 **GRAPHS["properties"],

@@ -40,6 +40,7 @@ def model_row(info: InstanceInfo) -> dict:
         # What the weights compute with: "cpu" (compiled kernels on the GGUF blocks) or
         # "numpy" (float32 reference); types without a kernel, dequantised at load.
         "kernel": svc.kernel,
+        "speculation": speculation_json(svc),
     }
     if svc.kernel_isa:
         row["kernel_isa"] = svc.kernel_isa
@@ -57,6 +58,19 @@ def model_row(info: InstanceInfo) -> dict:
     if attention:  # a model on dies, once a pass has reached its layers
         row["attention"] = attention
     return row
+
+
+def speculation_json(svc) -> dict:
+    """Exact speculative decoding on this instance: its mode (PANTHEON_SPECULATION), the
+    tokens drafted and accepted since it loaded (the pantheon_speculative_* counters), and
+    the acceptance rate (accepted / drafted; null before anything was drafted)."""
+    drafted, accepted = svc.stats.drafted_tokens, svc.stats.accepted_draft_tokens
+    return {
+        "mode": svc.config.speculation,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+    }
 
 
 def loading_row(info: LoadingInfo) -> dict:

@@ -26,6 +26,9 @@ MAX_LOGIT_BIAS = 1024  # entries
 INT64_BOUND = 1 << 64  # integers beyond +-2**64 are refused, whatever the field
 TEMPERATURE_RANGE = (-100.0, 100.0)  # <= 0 is greedy
 REPETITION_PENALTY_MAX = 100.0
+# The per-request `speculation` extension (chat, completions, Responses): "auto" lets the
+# engine draft tokens and verify them (the same tokens as without), "off" never drafts.
+SPECULATION_MODES = ("auto", "off")
 
 
 class StrictCharField(serializers.CharField):
@@ -82,6 +85,29 @@ class StrictBooleanField(serializers.BooleanField):
         if not isinstance(data, bool):
             self.fail("invalid")
         return data
+
+
+class SpeculationField(serializers.ChoiceField):
+    """`speculation`: "auto" or "off" (a string; nothing else is read as one)."""
+
+    default_error_messages = {
+        "invalid_choice": 'expected "auto" or "off" (speculative decoding never changes '
+        "the answer; off only stops the engine drafting)"
+    }
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault(
+            "help_text",
+            'Extension: "auto" (the default) lets the engine draft tokens and verify them '
+            'in one pass where the server allows it (PANTHEON_SPECULATION); "off" never '
+            "drafts. The tokens generated are the same either way.",
+        )
+        super().__init__(SPECULATION_MODES, required=False, allow_null=True, **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
 
 
 class StopField(serializers.Field):

@@ -33,6 +33,9 @@ PANTHEON_PREFIX_CACHE  1: a free slot keeps its last request's KV for a prompt t
                        the same way, per API key (0: only session turns resume) (1)
 PANTHEON_PREFIX_CACHE_RAM_MB  host memory for kept prefixes a new prompt's slot displaced,
                        loaded back for a prompt that continues them (256; 0: none)
+PANTHEON_SPECULATION   auto: exact speculative decoding (drafts from the context and a
+                       request's `prediction`, verified in one pass: the same tokens);
+                       off: never drafted (auto)
 PN_SESSION_IDLE_TTL_MS  milliseconds an idle session keeps its KV before it is dropped (12 h)
 PN_SESSION_WATCH_GRACE_MS  milliseconds a session outlives its last closed watch (45000)
 PANTHEON_MAX_WATCHES   session watches (GET /session/watch) held at once, per model (64)
@@ -365,7 +368,14 @@ PANTHEON_ENGINE_OPTIONS = {
     # Implicit sessions (a session id the server chose: /v1/responses without one of the
     # client's) are a short-lived cache, evicted first when an explicit one needs a slot.
     "session_implicit_ttl_s": float(env_int("PANTHEON_RESPONSES_IMPLICIT_TTL_S", 300)),
+    # Exact speculative decoding: "auto" drafts tokens (from the context, and a request's
+    # `prediction`) and verifies them in one pass; "off" never drafts. The same tokens.
+    "speculation": env_str("PANTHEON_SPECULATION", "auto"),
 }
+if PANTHEON_ENGINE_OPTIONS["speculation"] not in ("auto", "off"):
+    raise EnvError(
+        f"PANTHEON_SPECULATION={PANTHEON_ENGINE_OPTIONS['speculation']!r}: expected auto or off"
+    )
 if PANTHEON_ENGINE_OPTIONS["backend"] not in ("auto", "cpu", "numpy", "cuda"):
     raise EnvError("PANTHEON_BACKEND must be auto, cpu, numpy or cuda")
 # The compiled decode products (kernels.cpu.backend.configure_activations, at start).

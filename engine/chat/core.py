@@ -187,6 +187,20 @@ def raw_prompt_ids(prompts: PromptBuilder, prompt: str | tuple[int, ...]) -> lis
     return ids
 
 
+# A prediction longer than this many characters per window token is cut before tokenizing.
+PREDICTION_CHARS_PER_TOKEN = 16
+
+
+def prediction_ids(prompts: PromptBuilder, prediction: str | None) -> tuple[int, ...]:
+    """A Predicted Outputs text as token ids (no BOS; the prompt's tokenizer), at most a
+    window's worth: drafts only, so a cut prediction costs nothing but drafts."""
+    if not prediction:
+        return ()
+    window = prompts.context_window
+    text = prediction[: window * PREDICTION_CHARS_PER_TOKEN]
+    return tuple(prompts.tokenizer.encode(text)[:window])
+
+
 def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> PreparedTurn:
     """The turn's CPU work before the engine (tools and their grammar, response_format,
     thinking, the chat template, the tokenizer): run it off the event loop, within a
@@ -230,6 +244,8 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         tool_dialect=tools.dialect,
         tools=tools.specs,
         tool_compelled=tools.compelled,
+        speculation=turn.speculation or svc.config.speculation,
+        prediction=prediction_ids(prompts, turn.prediction),
     )
     return PreparedTurn(
         request=request,
@@ -265,6 +281,12 @@ def request_usage(finishes: dict[int, FinishEvent]) -> Usage:
         kv_cap=max(f.usage.kv_cap for f in finishes.values()),
         session_conflict=first.session_conflict,
         reasoning_tokens=sum(f.usage.reasoning_tokens for f in finishes.values()),
+        accepted_prediction_tokens=sum(
+            f.usage.accepted_prediction_tokens for f in finishes.values()
+        ),
+        rejected_prediction_tokens=sum(
+            f.usage.rejected_prediction_tokens for f in finishes.values()
+        ),
     )
 
 

@@ -37,6 +37,11 @@ class Turn:
     # (special tokens written in it recognised, BOS where the GGUF adds one); token ids
     # are taken as sent. `messages` is then unused.
     raw_prompt: str | tuple[int, ...] | None = None
+    # OpenAI Predicted Outputs: the text the client expects the answer to be (drafted
+    # from by speculative decoding; it never changes the answer). None: none.
+    prediction: str | None = None
+    # "auto" | "off": whether the engine may draft tokens; None: the model's default.
+    speculation: str | None = None
 
 
 @dataclass(frozen=True)

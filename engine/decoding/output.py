@@ -105,8 +105,7 @@ class ChoiceOutput:
             return event, FINISH_STOP
         if self.loop.push(token_id):
             return event, FINISH_REPETITION
-        constraint = self.state.constraint
-        if constraint is not None and not self.state.grammar_failed and constraint.done:
+        if self.state.grammar_done:
             return event, FINISH_STOP
         return event, None
 

@@ -33,6 +33,7 @@ class DecodeState:
         self.forced: deque[int] = deque()
         self.last: Sample | None = None  # the token chosen at the last step
         self.last_forced = False  # ... and whether it was forced rather than drawn
+        self._replayed_done: bool | None = None  # replay(): grammar_done as of a mark
 
     @property
     def wants_grammar(self) -> bool:
@@ -45,6 +46,28 @@ class DecodeState:
 
     def force(self, token_ids) -> None:
         self.forced.extend(token_ids)
+
+    @property
+    def grammar_done(self) -> bool:
+        """The grammar accepts nothing more: the answer is complete."""
+        if self._replayed_done is not None:
+            return self._replayed_done
+        c = self.constraint
+        return c is not None and not self.grammar_failed and c.done
+
+    def mark(self) -> tuple:
+        """What the output reads of this state after a token (its Sample, the grammar's
+        done and failed): kept per token of a speculative step, which samples several
+        tokens before the output sees the first (serving/speculation.py)."""
+        return (self.last, self.grammar_done, self.grammar_failed)
+
+    def replay(self, mark: tuple | None) -> None:
+        """Show the output the state as it was after one of a step's tokens (`mark`);
+        None: the state as it is (after the step's last token)."""
+        if mark is None:
+            self._replayed_done = None
+            return
+        self.last, self._replayed_done, self.grammar_failed = mark
 
     def _commit(self, sample: Sample, forced: bool = False) -> int:
         token = sample.token_id

@@ -43,6 +43,7 @@ from .scheduler import Scheduler
 from .sessions import Resume, SessionTable
 from .slot_cache import SlotContents
 from .slot_keeper import SlotKeeper
+from .speculation import Drafter, Speculator
 
 log = logging.getLogger("pantheon.engine.service")
 
@@ -75,6 +76,7 @@ class _Choice:
     out: ChoiceOutput  # what its tokens become for the client
     stopped: str | None = None  # the reason it was ended early (stop string, loop, grammar)
     first_token_at: float | None = None  # time.monotonic() of its first sampled token
+    drafter: Drafter | None = None  # its speculation drafts (None: it decodes one by one)
 
     @property
     def token_ids(self) -> list[int]:
@@ -89,6 +91,10 @@ class EngineStats:
     decode_tok_per_s: float = 0.0  # all sequences together, over the last decode step
     decode_step_s: float = 0.0  # smoothed seconds per decode step
     generations: int = 0
+    # Speculative decoding (serving/speculation.py), all drafts (context and prediction):
+    # tokens proposed for verification, and those verified and emitted.
+    drafted_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 class EngineLoop:
@@ -133,6 +139,9 @@ class EngineLoop:
             choose_slot=self.slot_contents.prefer,
         )
         self.runner = Runner(model, kv)
+        self.speculator = Speculator(
+            config.speculation, config.spec_max_draft, tokenizer.end_of_turn_ids
+        )
         self.sessions = SessionTable(
             config.max_sessions,
             idle_ttl_s=config.session_idle_ttl_s,
@@ -235,8 +244,9 @@ class EngineLoop:
             self.wake.clear()
             return
         states = {seq_id: ch.state for seq_id, ch in self._choices.items()}
+        drafts = self.speculator.drafts(batch.decode, self._choices, self._draft_rooms)
         try:
-            sampled = self.runner.run(batch, states)
+            sampled = self.runner.run(batch, states, drafts)
         except Exception as exc:
             log.exception("%s: a forward pass failed", self.name)
             self._fail(batch, GenerationFailed(f"generation failed: {type(exc).__name__}"))
@@ -245,8 +255,40 @@ class EngineLoop:
         self._trim_due = True
         with self.lock:
             events = self.scheduler.update(batch, sampled)
-        self._deliver(events)
+        self._deliver_step(batch, events)
         self._forget_closed()
+
+    def _draft_rooms(self, seq_ids) -> dict[int, int]:
+        with self.lock:
+            return {s: self.scheduler.draft_room(s) for s in seq_ids}
+
+    def _deliver_step(self, batch: Batch, events: list) -> None:
+        """A step's events; where it verified drafts (speculation.py), one round at a time
+        (round j: each sequence's j-th token), the scheduler updated per round and each
+        token's decode state replayed before the output sees it: a stop string, the token
+        limit or the grammar ends a sequence where one-token steps would have."""
+        verified = self.runner.verified
+        self.speculator.observe(verified, self._choices, self.stats)
+        j = 0
+        while True:
+            for seq_id, done in verified.items():
+                if j < len(done.tokens) and (ch := self._choices.get(seq_id)) is not None:
+                    ch.state.replay(done.marks[j])
+            self._deliver(events)
+            j += 1
+            tokens = {
+                s: done.tokens[j]
+                for s, done in verified.items()
+                if j < len(done.tokens) and (ch := self._choices.get(s)) and not ch.stopped
+            }
+            if not tokens:
+                break
+            rows = tuple(row for row in batch.decode if row.seq_id in tokens)
+            with self.lock:
+                events = self.scheduler.update(Batch(decode=rows), tokens)
+        for seq_id in verified:
+            if (ch := self._choices.get(seq_id)) is not None:
+                ch.state.replay(None)
 
     def _start(self, started_groups: list[Started]) -> None:
         """Output state for the groups this step admitted (under the lock)."""
@@ -269,11 +311,13 @@ class EngineLoop:
             for index, seq_id in enumerate(started.seq_ids):
                 seed = None if params.seed is None else params.seed + index
                 state = DecodeState(Sampler(replace(params, seed=seed)), grammar)
+                out = ChoiceOutput(request, index, self.tokenizer, state)
                 self._choices[seq_id] = _Choice(
                     req=req,
                     index=index,
                     state=state,
-                    out=ChoiceOutput(request, index, self.tokenizer, state),
+                    out=out,
+                    drafter=self.speculator.drafter(request, out.token_ids),
                 )
 
     def _reap_sessions(self) -> None:
@@ -332,6 +376,8 @@ class EngineLoop:
             kv_cap=event.kv_cap,
             session_conflict=conflict,
             reasoning_tokens=ch.out.reasoning_tokens,
+            accepted_prediction_tokens=ch.drafter.accepted_prediction if ch.drafter else 0,
+            rejected_prediction_tokens=ch.drafter.rejected_prediction if ch.drafter else 0,
         )
         finish = FinishEvent(
             finish_reason=reason,

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..decoding.state import DecodeState, choose_rows
 from .batch import Batch, DecodeRow, PrefillChunk
+from .speculation import Draft, Verified
 
 
 @dataclass
@@ -41,11 +42,20 @@ class Runner:
         self.model = model
         self.kv = kv
         self.last = StepTimes()
+        self.verified: dict[int, Verified] = {}  # the last step's verify passes
 
-    def run(self, batch: Batch, states: Mapping[int, DecodeState]) -> dict[int, int]:
+    def run(
+        self,
+        batch: Batch,
+        states: Mapping[int, DecodeState],
+        drafts: Mapping[int, Draft] | None = None,
+    ) -> dict[int, int]:
         """Run one step; returns {seq_id: sampled token id} for batch.sampling_seq_ids()
-        (those with a decode state: a sequence cancelled meanwhile has none)."""
+        (those with a decode state: a sequence cancelled meanwhile has none). `drafts`:
+        tokens to verify after some decode rows (speculation.py); what each emitted past
+        its first token is in `self.verified`."""
         sampled: dict[int, int] = {}
+        self.verified = {}
         times = StepTimes()
         t0 = time.perf_counter()
         folded = [c for c in batch.prefill if _one_token_last_chunk(c)]
@@ -67,12 +77,19 @@ class Runner:
             *(DecodeRow(c.seq_id, c.slot, c.start, c.token_ids[0]) for c in folded),
         )
         if rows:
-            logits = self._decode(rows)
+            drafts = {s: d for s, d in (drafts or {}).items() if s in states}
+            extra = verify_rows(batch.decode, drafts)
+            logits = self._decode((*rows, *extra))
             live = [i for i, row in enumerate(rows) if row.seq_id in states]
             if live:
                 tokens = self._choose([states[rows[i].seq_id] for i in live], logits[live])
                 sampled.update((rows[i].seq_id, t) for i, t in zip(live, tokens, strict=True))
-            times.decode_rows = len(rows)
+            if drafts:
+                first: dict[int, int] = {}  # seq_id -> the logits row of its first draft
+                for i, row in enumerate(extra):
+                    first.setdefault(row.seq_id, len(rows) + i)
+                self.verified = self._accept(drafts, first, states, sampled, logits)
+            times.decode_rows = len(rows) + sum(v.accepted for v in self.verified.values())
             times.decode_s = time.perf_counter() - t1
         self.last = times
         return sampled
@@ -104,11 +121,49 @@ class Runner:
             keep_on_device=True,
         )
 
+    def _accept(self, drafts, first_row, states, sampled, logits) -> dict[int, Verified]:
+        """Speculation's acceptance (speculation.py): each drafting sequence's rows in
+        order, every row's token chosen by its DecodeState as in a one-token step; draft
+        i + 1 is checked only when the token chosen from row i equals draft i."""
+        verified = {}
+        active: dict[int, int] = {}  # seq_id -> the verify row to sample next
+        for seq_id, draft in drafts.items():
+            state = states[seq_id]
+            verified[seq_id] = Verified(draft, [sampled[seq_id]], [state.mark()])
+            if sampled[seq_id] == draft.tokens[0] and not state.grammar_done:
+                active[seq_id] = 0
+        while active:
+            seq_ids = list(active)
+            index = [first_row[s] + active[s] for s in seq_ids]
+            tokens = self._choose([states[s] for s in seq_ids], logits[index])
+            following = {}
+            for seq_id, token in zip(seq_ids, tokens, strict=True):
+                done = verified[seq_id]
+                done.tokens.append(token)
+                done.marks.append(states[seq_id].mark())
+                i = active[seq_id] + 1
+                draft = drafts[seq_id].tokens
+                if i < len(draft) and token == draft[i] and not states[seq_id].grammar_done:
+                    following[seq_id] = i
+            active = following
+        return verified
+
     def _choose(self, states: list[DecodeState], logits) -> list[int]:
         """choose_rows where the logits are: on a model on dies, the last die's thread
         (its device current); on the host, here."""
         on_die = getattr(self.model, "on_last_die", None)
         return on_die(choose_rows, states, logits) if on_die else choose_rows(states, logits)
+
+
+def verify_rows(decode: tuple[DecodeRow, ...], drafts: Mapping[int, Draft]) -> list[DecodeRow]:
+    """The rows that check drafts: after a sequence's decode row, its drafted tokens at
+    the positions that follow, on its slot (one pass; each row as if decoded alone)."""
+    return [
+        DecodeRow(row.seq_id, row.slot, row.position + 1 + i, token)
+        for row in decode
+        if (draft := drafts.get(row.seq_id)) is not None
+        for i, token in enumerate(draft.tokens)
+    ]
 
 
 def _one_token_last_chunk(chunk: PrefillChunk) -> bool:

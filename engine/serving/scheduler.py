@@ -264,6 +264,16 @@ class Scheduler:
             return None
         return self._finish(seq, reason)
 
+    def draft_room(self, seq_id: int) -> int:
+        """Tokens a decoding sequence may have verified after this step's one (speculation):
+        within its max_tokens and the context window, 0 for one not decoding."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.done or seq.slot < 0 or not seq.group.prompt_done:
+            return 0
+        by_tokens = seq.group.max_tokens - seq.n_out - 1
+        by_window = self.context_window - 1 - self._position(seq)
+        return max(0, min(by_tokens, by_window))
+
     def expire(self) -> list[Refused]:
         """Queued groups that waited `queue_timeout_s`: out of the queue, to be refused."""
         now = self.clock()

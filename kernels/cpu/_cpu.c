@@ -524,10 +524,14 @@ static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *k
                          (long long)pos[b], n_ctx);
             goto done;
         }
+        /* One slot may hold several rows (a speculative verify pass: consecutive
+         * positions), since every row's K/V is written before any row attends; the same
+         * position twice would be two writes racing for one cache row. */
         for (Py_ssize_t c = 0; c < b; c++)
-            if (slots[c] == slots[b]) {
-                PyErr_Format(PyExc_ValueError, "slot %lld appears twice in one batch",
-                             (long long)slots[b]);
+            if (slots[c] == slots[b] && pos[c] == pos[b]) {
+                PyErr_Format(PyExc_ValueError,
+                             "slot %lld position %lld appears twice in one batch",
+                             (long long)slots[b], (long long)pos[b]);
                 goto done;
             }
     }

@@ -8,6 +8,8 @@ import json
 
 from django.test import Client
 
+from engine.serving.loop import EngineStats
+from engine.types import ModelConfig
 from tests.support import asgi_scope
 
 
@@ -38,6 +40,8 @@ class FakeService:
         self.dies: list[int] = []
         self.attention = None
         self.graphs = None
+        self.config = ModelConfig(name=name, path=self.path)
+        self.stats = EngineStats()  # the speculation counters the row reads
 
     def close(self) -> None:
         self.closed = True

@@ -55,6 +55,7 @@ def test_the_change_list_shows_live_status(console, db_rt, model_dir):
         "context window (served / configured)",
         "in flight",
         "sessions",
+        "draft acceptance",
     ]:
         assert text in page, text
 

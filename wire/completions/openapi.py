@@ -16,6 +16,7 @@ from pantheon_platform.openapi import (
     NUMBER,
     SSE,
     STRING,
+    field_schema,
     sse_event,
 )
 from pantheon_platform.openapi import nullable as _nullable
@@ -30,6 +31,7 @@ from pantheon_platform.strict_json import (
     MAX_STOP_STRINGS,
     REPETITION_PENALTY_MAX,
     TEMPERATURE_RANGE,
+    SpeculationField,
 )
 from wire.completions.common import TOKEN_ID_MAX
 from wire.completions.embeddings import ENCODINGS, MAX_INPUTS, MAX_TOTAL_TOKENS
@@ -156,6 +158,7 @@ def schemas() -> dict:
                     "description": "Prefix-cache session key (one prompt only).",
                 }
             ),
+            "speculation": field_schema(SpeculationField()),
         },
         ("prompt",),
         additionalProperties=True,

@@ -18,6 +18,7 @@ from pantheon_platform.strict_json import (
     REPETITION_PENALTY_MAX,
     TEMPERATURE_RANGE,
     LogitBiasField,
+    SpeculationField,
     StopField,
     StrictBooleanField,
     StrictCharField,
@@ -70,6 +71,7 @@ class CompletionRequest(serializers.Serializer):
     logit_bias = LogitBiasField(required=False, allow_null=True)
     user = StrictCharField(required=False, allow_null=True, allow_blank=True)
     session_id = StrictCharField(required=False, allow_null=True, max_length=IDENTIFIER_MAX)
+    speculation = SpeculationField()
 
     def validate_prompt(self, value):
         return text_inputs(value, "prompts", MAX_PROMPTS)

@@ -64,6 +64,7 @@ async def _answer(request: HttpRequest, call: RouteCall, runs: list[PromptRun]) 
             n=req.n_choices,
             logprobs=req.top_wanted is not None,
             request_id=f"{cid}-{i}" if len(prompts) > 1 else cid,
+            speculation=req.validated_data.get("speculation"),
         )
         started = await start_turn(
             request,

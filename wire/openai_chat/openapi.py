@@ -56,7 +56,22 @@ _USAGE = obj(
         "completion_tokens": NON_NEGATIVE,
         "total_tokens": NON_NEGATIVE,
         "prompt_tokens_details": obj({"cached_tokens": NON_NEGATIVE}, ("cached_tokens",)),
-        "completion_tokens_details": obj({"reasoning_tokens": NON_NEGATIVE}, ("reasoning_tokens",)),
+        "completion_tokens_details": obj(
+            {
+                "reasoning_tokens": NON_NEGATIVE,
+                "accepted_prediction_tokens": {
+                    **NON_NEGATIVE,
+                    "description": "Tokens drafted from the request's `prediction` that "
+                    "the model generated (present when the request sent one).",
+                },
+                "rejected_prediction_tokens": {
+                    **NON_NEGATIVE,
+                    "description": "Tokens drafted from the `prediction` that it did not.",
+                },
+            },
+            ("reasoning_tokens",),
+            description="There with reasoning tokens or a `prediction`.",
+        ),
         "kv_used": NON_NEGATIVE,
         "kv_cap": NON_NEGATIVE,
         "session_conflict": BOOL,

@@ -48,6 +48,8 @@ def turn_of(chat, request_id: str) -> Turn:
         n=chat.n_requested,
         logprobs=chat.wants_logprobs,
         request_id=request_id,
+        prediction=data.get("prediction"),
+        speculation=data.get("speculation"),
     )
 
 
@@ -100,7 +102,10 @@ def logprobs_json(entries) -> dict:
     }
 
 
-def usage_json(usage: Usage) -> dict:
+def usage_json(usage: Usage, predicted: bool = False) -> dict:
+    """The usage object. completion_tokens_details is there when it has something to say:
+    reasoning tokens, or a request that sent a `prediction` (its accepted and rejected
+    tokens, as OpenAI reports them, zeros included)."""
     body = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -109,8 +114,13 @@ def usage_json(usage: Usage) -> dict:
         "kv_used": usage.kv_used,
         "kv_cap": usage.kv_cap,
     }
-    if usage.reasoning_tokens:
-        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    predictions = (usage.accepted_prediction_tokens, usage.rejected_prediction_tokens)
+    if usage.reasoning_tokens or predicted or any(predictions):
+        details = {"reasoning_tokens": usage.reasoning_tokens}
+        if predicted or any(predictions):
+            details["accepted_prediction_tokens"] = predictions[0]
+            details["rejected_prediction_tokens"] = predictions[1]
+        body["completion_tokens_details"] = details
     if usage.session_conflict:
         body["session_conflict"] = True
     return body
@@ -125,6 +135,7 @@ class Completion:
     n: int = 1  # choices asked of the engine (n_requested capped at 8)
     logprobs: bool = False
     format_message: str = ""  # why a schema was downgraded (names the feature)
+    predicted: bool = False  # the request sent a `prediction`: usage reports its tokens
 
     @classmethod
     def of(cls, chat, started) -> Completion:
@@ -137,6 +148,7 @@ class Completion:
             n=prepared.n,
             logprobs=prepared.turn.logprobs,
             format_message=prepared.format_message,
+            predicted=prepared.turn.prediction is not None,
         )
 
     def n_status(self, choices: int) -> str | None:
@@ -225,7 +237,7 @@ def completion_body(result: TurnResult, completion: Completion) -> dict:
         "created": completion.created,
         "model": completion.model,
         "choices": choices,
-        "usage": usage_json(result.usage),
+        "usage": usage_json(result.usage, completion.predicted),
     }
     finishes = result.finishes
     n_status = completion.n_status(len(finishes))
@@ -313,7 +325,7 @@ async def sse_events(
                 yield completion.chunk({"role": "assistant"}, index=index)
             yield closing_chunk(completion, index, "stop", choices)
     if include_usage and finishes:
-        yield completion.usage_chunk(usage_json(request_usage(finishes)))
+        yield completion.usage_chunk(usage_json(request_usage(finishes), completion.predicted))
     yield DONE
 
 

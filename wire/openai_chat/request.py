@@ -26,6 +26,7 @@ from pantheon_platform.strict_json import (
     TEMPERATURE_RANGE,
     BoundedListField,
     LogitBiasField,
+    SpeculationField,
     StopField,
     StrictBooleanField,
     StrictCharField,
@@ -35,6 +36,7 @@ from pantheon_platform.strict_json import (
     parse_json_object,
 )
 from pantheon_platform.tenancy import SESSION_ID_MAX
+from wire.openai_chat.prediction import PredictionField
 
 # What the sampling fields are clamped to (not refused): the contract's ranges.
 PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty, frequency_penalty
@@ -239,6 +241,9 @@ class ChatCompletionRequest(serializers.Serializer):
         help_text='"auto" (default), "none", "required", or {"type": "function", '
         '"function": {"name": ...}}.',
     )
+    # Speculative decoding: drafts never change the answer (wire/openai_chat/prediction.py).
+    prediction = PredictionField()
+    speculation = SpeculationField()
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
     session_id = StrictCharField(
         required=False,

@@ -23,7 +23,7 @@ from engine import (
     SamplingParams,
 )
 from pantheon_platform.errors import invalid_request
-from pantheon_platform.strict_json import IDENTIFIER_MAX
+from pantheon_platform.strict_json import IDENTIFIER_MAX, SPECULATION_MODES
 from wire.fields import (
     RESPONSES,
     TEXT_MAX,
@@ -107,6 +107,7 @@ class ResponsesRequest:
     parallel_tool_calls: bool
     session_id: str | None  # prompt_cache_key (or the session_id extension)
     top_logprobs: int = 0
+    speculation: str | None = None  # the extension: "auto" | "off"; None: the model's
 
     def sampling(self) -> SamplingParams:
         max_tokens = DEFAULT_MAX_TOKENS
@@ -174,6 +175,7 @@ def parse_request(body: dict) -> ResponsesRequest:
         parallel_tool_calls=REQUEST.value(body, "parallel_tool_calls"),
         session_id=session_id or None,
         top_logprobs=top_logprobs,
+        speculation=REQUEST.value(body, "speculation"),
     )
 
 
@@ -346,6 +348,12 @@ def _reasoning(value: dict, path: str) -> tuple[dict, bool | None, int | None]:
     return echo, thinking, budget if thinking else None
 
 
+def _speculation(value: object, path: str) -> str:
+    if value not in SPECULATION_MODES:
+        raise invalid_request(f'{path}: expected "auto" or "off"', param=path)
+    return value
+
+
 def _metadata(value: object, path: str) -> dict:
     """OpenAI's metadata: at most 16 string pairs, keys up to 64 characters, values 512."""
     if not isinstance(value, dict):
@@ -463,6 +471,13 @@ REQUEST = Table(
     Field("previous_response_id", _IDENT),
     Field("prompt_cache_key", _IDENT, description="The session id (prefix cache) to run under."),
     Field("session_id", _IDENT),
+    Field(
+        "speculation",
+        Shape({"enum": list(SPECULATION_MODES)}, _speculation),
+        description='Extension: "auto" (the default) lets the engine draft tokens and '
+        "verify them in one pass where the server allows it (PANTHEON_SPECULATION); "
+        '"off" never drafts. The output is the same either way.',
+    ),
     Field("metadata", Shape(_METADATA, _metadata)),
     Field("background", Shape({"const": False})),
     wording=RESPONSES,

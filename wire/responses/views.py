@@ -90,6 +90,7 @@ async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse
         sampling=req.sampling(),
         logprobs=req.top_logprobs > 0,
         request_id=response_id,
+        speculation=req.speculation,
     )
     model = req.model or (previous.model_name if previous else None)
     try:

@@ -41,10 +41,10 @@ def decode_rows(eight, monkeypatch) -> list[int]:
     rows: list[int] = []
     real_run = eight.runner.run
 
-    def run(batch, samplers):
+    def run(batch, samplers, *drafts):
         if batch.decode:
             rows.append(len(batch.decode))
-        return real_run(batch, samplers)
+        return real_run(batch, samplers, *drafts)
 
     monkeypatch.setattr(eight.runner, "run", run)
     return rows

@@ -462,7 +462,8 @@ def test_attention_decode_rejects_bad_inputs():
     with pytest.raises(ValueError, match="slot"):
         call(slots=np.array([0, 6], np.int64))
     with pytest.raises(ValueError, match="twice"):
-        call(slots=np.array([3, 3], np.int64))
+        call(slots=np.array([3, 3], np.int64), positions=np.array([2, 2], np.int64))
+    call(slots=np.array([3, 3], np.int64))  # one slot's consecutive rows: a verify pass
     with pytest.raises(TypeError, match="int64"):
         call(slots=slots.astype(np.int32))
     with pytest.raises(ValueError, match="layer"):

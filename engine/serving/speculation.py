@@ -1,0 +1,263 @@
+"""Exact speculative decoding: drafts without a second model, verified in the decode pass.
+
+A sequence's next tokens are guessed cheaply (`Drafter`: prompt lookup over the prompt
+and the tokens generated so far, or the client's Predicted Outputs text), fed as extra
+rows of the step's one decode pass (its slot, the positions after its last token: rows
+bitwise what one-token decode computes there, tests/engine/models/test_verify_rows.py),
+and accepted in order (runner.py `accept_drafts`): the token sampled from row i goes
+through the sequence's own DecodeState exactly as in a normal step (penalties, bias,
+grammar mask, its RNG drawn once per emitted token), and draft i + 1 stands only if that
+token equals it. The first mismatch is emitted and ends the step; later rows are thrown
+away (their KV lies past the sequence's length and is overwritten before it is read).
+So the tokens are those of decoding one at a time, whatever the drafts.
+
+Who speculates (`Speculator.drafts`): a sequence of a request with n == 1 (choices share
+slots in turn; n > 1 decodes normally), no think block (its budget forces tokens as they
+are pushed), speculation not "off" for the request or the model, and only while at most
+MAX_STREAMS sequences decode: with more, the step is compute-bound and extra rows cost
+the other streams their share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+MAX_STREAMS = 2  # speculate only while this few sequences decode
+START_DRAFT = 4  # a context draft's first length
+NGRAMS = (3, 2)  # suffix lengths looked up in the context, longest first
+REALIGN_NGRAMS = (4, 3, 2, 1)  # suffix lengths that re-find the output in a prediction
+# A context acceptance rate below this pauses context drafting (a 2-row pass costs ~1.5x
+# one row on a 2-core host: drafts that are mostly wrong cost more than they save)...
+LOW_RATE = 0.35
+PAUSE_STEPS = 16  # ...for this many steps, doubled each time (up to MAX_PAUSE)
+MAX_PAUSE = 256
+
+
+@dataclass
+class Draft:
+    tokens: tuple[int, ...]
+    from_prediction: bool = False
+
+
+@dataclass
+class Verified:
+    """One sequence's verify pass: the draft, and per emitted token (the first sampled
+    one, then one per accepted draft token) its Sample and the grammar's state after it
+    (done, failed), replayed onto the DecodeState as each token is delivered."""
+
+    draft: Draft
+    tokens: list[int] = field(default_factory=list)
+    marks: list[tuple] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        return len(self.tokens) - 1
+
+
+class Drafter:
+    """One sequence's draft source: its context (prompt + output) indexed by n-gram, and
+    its prediction with the position where the output is expected to continue it."""
+
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        output: list[int],
+        prediction: Sequence[int],
+        end_ids: Collection[int],
+        max_draft: int,
+    ):
+        self.prompt = prompt
+        self.output = output  # the choice's emitted tokens (a live list, ChoiceOutput's)
+        self.end_ids = frozenset(end_ids)
+        self.max_draft = max(1, max_draft)
+        self.ctx: list[int] = []
+        self._indexed = 0  # ctx positions whose preceding n-grams are in the index
+        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after it
+        self.prediction = tuple(prediction)
+        self._pred_index: dict[tuple[int, ...], list[int]] | None = None
+        self.pred_pos: int | None = 0 if self.prediction else None
+        self._synced = 0  # output tokens followed through the prediction
+        self.length = START_DRAFT
+        self.pred_length = self.max_draft  # a prediction is trusted until it misses
+        self.rate = 0.5  # recent acceptance of context drafts
+        self.pause = 0
+        self.pause_len = PAUSE_STEPS
+        self.accepted_prediction = 0
+        self.rejected_prediction = 0
+
+    # --- proposing ----------------------------------------------------------------------
+
+    def propose(self, room: int) -> Draft | None:
+        """At most `room` tokens to verify after the output's last token, or None."""
+        room = min(room, self.max_draft)
+        if room <= 0:
+            return None
+        self._follow_prediction()
+        if self.pred_pos is not None and self.pred_pos < len(self.prediction):
+            end = self.pred_pos + min(room, self.pred_length)
+            tokens = self._clean(self.prediction[self.pred_pos : end])
+            if tokens:
+                return Draft(tokens, from_prediction=True)
+        if self.pause > 0:
+            self.pause -= 1
+            return None
+        tokens = self._clean(self._lookup(min(room, self.length)))
+        return Draft(tokens) if tokens else None
+
+    def observe(self, verified: Verified) -> None:
+        """Adapt to a verify pass's outcome (the tokens it emitted are in `output` by the
+        next proposal)."""
+        drafted, accepted = len(verified.draft.tokens), verified.accepted
+        if verified.draft.from_prediction:
+            self.accepted_prediction += accepted
+            self.rejected_prediction += drafted - accepted
+            full = accepted == drafted
+            self.pred_length = self.max_draft if full else max(2, accepted + 1)
+            return
+        self.rate = 0.7 * self.rate + 0.3 * (accepted / drafted)
+        if accepted == drafted:
+            self.length = min(self.max_draft, self.length * 2)
+        else:
+            self.length = max(1, accepted + 1)
+        if self.rate < LOW_RATE:
+            self.pause, self.pause_len = self.pause_len, min(MAX_PAUSE, self.pause_len * 2)
+            self.rate, self.length = 0.3, 2
+
+    def _clean(self, tokens: Sequence[int]) -> tuple[int, ...]:
+        """A draft stops before an end of turn: the sequence would end there anyway."""
+        out = []
+        for t in tokens:
+            if t in self.end_ids:
+                break
+            out.append(int(t))
+        return tuple(out)
+
+    # --- the context ------------------------------------------------------------------
+
+    def _lookup(self, n_tokens: int) -> tuple[int, ...]:
+        """Prompt lookup: the tokens that followed the most recent earlier occurrence of
+        the context's last 3 (else 2) tokens; a continuation that runs into the present
+        repeats its period (a loop keeps looping)."""
+        ctx = self._context()
+        for n in NGRAMS:
+            if len(ctx) <= n:
+                continue
+            at = self._index.get(tuple(ctx[-n:]))
+            if at is None:
+                continue
+            period = len(ctx) - at
+            draft: list[int] = []
+            for i in range(n_tokens):
+                draft.append(ctx[at + i] if at + i < len(ctx) else draft[i - period])
+            return tuple(draft)
+        return ()
+
+    def _context(self) -> list[int]:
+        """prompt + output, with every n-gram that has a successor indexed."""
+        ctx = self.ctx
+        if not ctx and self.prompt:
+            ctx.extend(self.prompt)
+        have = len(ctx) - len(self.prompt)
+        if have < len(self.output):
+            ctx.extend(self.output[have:])
+        index = self._index
+        for j in range(max(self._indexed, 1), len(ctx)):
+            for n in NGRAMS:
+                if j >= n:
+                    index[tuple(ctx[j - n : j])] = j
+        self._indexed = len(ctx)
+        return ctx
+
+    # --- the prediction -----------------------------------------------------------------
+
+    def _follow_prediction(self) -> None:
+        """Move the prediction's cursor over the tokens emitted since the last proposal;
+        lost on a mismatch, re-found from the output's last tokens."""
+        if not self.prediction:
+            return
+        output, pred = self.output, self.prediction
+        while self._synced < len(output):
+            token = output[self._synced]
+            self._synced += 1
+            if (
+                self.pred_pos is not None
+                and self.pred_pos < len(pred)
+                and pred[self.pred_pos] == token
+            ):
+                self.pred_pos += 1
+            else:
+                self.pred_pos = None
+        if self.pred_pos is None:
+            self.pred_pos = self._realign()
+
+    def _realign(self) -> int | None:
+        """Where the prediction continues the output's last tokens (the first occurrence
+        of its longest suffix found), or None."""
+        if self._pred_index is None:
+            self._pred_index = {}
+            pred = self.prediction
+            for n in REALIGN_NGRAMS:
+                for end in range(n, len(pred) + 1):
+                    self._pred_index.setdefault(tuple(pred[end - n : end]), []).append(end)
+        for n in REALIGN_NGRAMS:
+            if len(self.output) < n:
+                continue
+            ends = self._pred_index.get(tuple(self.output[-n:]))
+            if ends:
+                return ends[0]
+        return None
+
+
+class Speculator:
+    """The engine loop's speculation policy: which sequences draft this step, and how
+    many tokens (the scheduler says how many more each may take)."""
+
+    def __init__(self, mode: str, max_draft: int, end_ids: Collection[int]):
+        self.enabled = mode != "off"
+        self.max_draft = max_draft
+        self.end_ids = frozenset(end_ids)
+
+    def drafter(self, request, output: list[int]) -> Drafter | None:
+        """A choice's drafter, or None where it never speculates (see the module doc)."""
+        if not self.enabled or request.speculation == "off" or request.n != 1:
+            return None
+        if request.think_style:
+            return None
+        return Drafter(request.prompt_ids, output, request.prediction, self.end_ids, self.max_draft)
+
+    def wants(self, n_rows: int) -> bool:
+        """Whether a step of this many decode rows speculates at all."""
+        return self.enabled and 0 < n_rows <= MAX_STREAMS
+
+    def drafts(self, rows, choices: Mapping[int, object], rooms_of) -> dict[int, Draft]:
+        """{seq_id: Draft} for the step's decode rows that draft: `choices` the loop's
+        (their drafter and decode state), `rooms_of(seq_ids)` the scheduler's draft_room."""
+        if not self.wants(len(rows)):
+            return {}
+        drafters = {
+            row.seq_id: ch.drafter
+            for row in rows
+            if (ch := choices.get(row.seq_id)) is not None
+            and ch.drafter is not None
+            and not ch.stopped
+            and not ch.state.forced  # a forced token is pushed before the next is chosen
+        }
+        if not drafters:
+            return {}
+        rooms = rooms_of(list(drafters))
+        out = {}
+        for seq_id, drafter in drafters.items():
+            draft = drafter.propose(rooms.get(seq_id, 0))
+            if draft is not None:
+                out[seq_id] = draft
+        return out
+
+    def observe(self, verified: Mapping[int, Verified], choices: Mapping, stats) -> None:
+        """A step's verify passes: counted (EngineStats) and told to their drafters."""
+        for seq_id, done in verified.items():
+            stats.drafted_tokens += len(done.draft.tokens)
+            stats.accepted_draft_tokens += done.accepted
+            ch = choices.get(seq_id)
+            if ch is not None and ch.drafter is not None:
+                ch.drafter.observe(done)

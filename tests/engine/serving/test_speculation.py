@@ -1,0 +1,226 @@
+"""Exact speculative decoding on the real SmolLM2: with speculation off, auto (prompt
+lookup) and with a prediction (right or wrong), every request gets the same tokens, the
+same logprobs and the same finish; the counters prove drafts were really accepted."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from engine.chat.core import prepare_turn
+from engine.chat.turn import Turn
+from engine.serving.speculation import Draft, Drafter, Verified
+from engine.types import FinishEvent, ModelConfig, SamplingParams, TokenEvent
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor "
+    "jugs. How vexingly quick daft zebras jump! The five boxing wizards jump quickly."
+)
+REPEAT = f"Repeat this text exactly, word for word:\n\n{TEXT}"
+GREEDY = SamplingParams(temperature=0, max_tokens=60)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, top_k=0, seed=7, max_tokens=60)
+
+
+@pytest.fixture(scope="module")
+def svc(smollm2_service):
+    svc = smollm2_service.sibling(
+        ModelConfig(name="spec", path=smollm2_service.path, max_concurrent=2)
+    )
+    yield svc
+    svc.close()
+
+
+async def _run(svc, turn: Turn):
+    """(token ids, logprobs, text, finish) of choice 0."""
+    prepared = prepare_turn(svc, turn)
+    ids, logprobs, text, finish = [], [], [], None
+    async for ev in svc.generate(prepared.request):
+        if isinstance(ev, TokenEvent):
+            ids.extend(ev.token_ids)
+            logprobs.extend((lp.token, lp.logprob, lp.top) for lp in ev.logprobs)
+            text.append(ev.text)
+        elif isinstance(ev, FinishEvent):
+            finish = ev
+    return ids, logprobs, "".join(text), finish
+
+
+def run(svc, turn: Turn):
+    return asyncio.run(_run(svc, turn))
+
+
+def same(a, b) -> None:
+    ids_a, lp_a, text_a, fin_a = a
+    ids_b, lp_b, text_b, fin_b = b
+    assert ids_a == ids_b
+    assert lp_a == lp_b
+    assert text_a == text_b
+    assert fin_a.finish_reason == fin_b.finish_reason
+    usage = dict(cached_tokens=0, accepted_prediction_tokens=0, rejected_prediction_tokens=0)
+    assert replace(fin_a.usage, **usage) == replace(fin_b.usage, **usage)
+    assert fin_a.stop_sequence == fin_b.stop_sequence
+    assert fin_a.response_format_status == fin_b.response_format_status
+
+
+def user(text: str) -> tuple[dict, ...]:
+    return ({"role": "user", "content": text},)
+
+
+CASES = {
+    "chat-greedy": Turn(user("Write two sentences about the sea."), sampling=GREEDY),
+    "chat-seeded": Turn(user("Write two sentences about the sea."), sampling=SEEDED),
+    "repeat-greedy": Turn(user(REPEAT), sampling=GREEDY),
+    "repeat-seeded-logprobs": Turn(
+        user(REPEAT), sampling=replace(SEEDED, logprobs=True, top_logprobs=3)
+    ),
+    "repeat-stop": Turn(user(REPEAT), sampling=replace(GREEDY, stop=("zebras",))),
+    "repeat-short": Turn(user(REPEAT), sampling=replace(GREEDY, max_tokens=9)),
+    "repeat-penalties": Turn(
+        user(REPEAT),
+        sampling=replace(SEEDED, presence_penalty=0.5, frequency_penalty=0.3),
+    ),
+    "json-schema": Turn(
+        user("Give a name and an age as JSON."),
+        sampling=replace(GREEDY, max_tokens=40),
+        response_format={
+            "type": "json_schema",
+            "json_schema": {
+                "name": "p",
+                "schema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                    "required": ["name", "age"],
+                },
+            },
+        },
+    ),
+    "tool-required": Turn(
+        user("What is the weather in Paris?"),
+        sampling=replace(GREEDY, max_tokens=48),
+        tools=(
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                    },
+                },
+            },
+        ),
+        tool_choice="required",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_same_tokens_with_speculation_off_auto_and_predicted(svc, case):
+    turn = CASES[case]
+    off = run(svc, replace(turn, speculation="off"))
+    same(off, run(svc, replace(turn, speculation="auto")))
+    right = run(svc, replace(turn, prediction=off[2]))
+    same(off, right)
+    wrong = run(svc, replace(turn, prediction="Something else entirely. " + TEXT[::-1]))
+    same(off, wrong)
+
+
+def test_drafts_are_accepted_when_the_answer_copies_the_prompt(svc):
+    before = (svc.stats.drafted_tokens, svc.stats.accepted_draft_tokens)
+    off = run(svc, replace(CASES["repeat-greedy"], speculation="off"))
+    assert (svc.stats.drafted_tokens, svc.stats.accepted_draft_tokens) == before
+    auto = run(svc, CASES["repeat-greedy"])
+    same(off, auto)
+    drafted = svc.stats.drafted_tokens - before[0]
+    accepted = svc.stats.accepted_draft_tokens - before[1]
+    assert accepted >= 20, (drafted, accepted)  # the copy was mostly verified, not decoded
+    predicted = run(svc, replace(CASES["repeat-greedy"], prediction=off[2]))
+    same(off, predicted)
+    usage = predicted[3].usage
+    assert usage.accepted_prediction_tokens >= len(off[0]) // 2, usage
+    assert usage.rejected_prediction_tokens < usage.accepted_prediction_tokens
+
+
+def test_a_model_configured_off_never_drafts(smollm2_service):
+    svc = smollm2_service.sibling(
+        ModelConfig(name="nospec", path=smollm2_service.path, speculation="off")
+    )
+    try:
+        run(svc, CASES["repeat-greedy"])
+        assert svc.stats.drafted_tokens == 0
+    finally:
+        svc.close()
+
+
+def test_a_session_turn_two_is_the_same(svc):
+    def turns(session: str, speculation: str):
+        first = run(
+            svc, replace(CASES["repeat-greedy"], session_id=session, speculation=speculation)
+        )
+        history = (*user(REPEAT), {"role": "assistant", "content": first[2]})
+        again = Turn(
+            (*history, *user("Now repeat it once more.")),
+            sampling=GREEDY,
+            session_id=session,
+            speculation=speculation,
+        )
+        return first, run(svc, again)
+
+    off = turns("spec-off", "off")
+    auto = turns("spec-auto", "auto")
+    same(off[0], auto[0])
+    same(off[1], auto[1])
+    assert auto[1][3].usage.cached_tokens > 0  # turn 2 resumed from the session
+
+
+def test_two_streams_speculate_side_by_side(svc):
+    async def both(speculation):
+        return await asyncio.gather(
+            _run(svc, replace(CASES["repeat-greedy"], speculation=speculation)),
+            _run(svc, replace(CASES["chat-seeded"], speculation=speculation)),
+        )
+
+    off = asyncio.run(both("off"))
+    auto = asyncio.run(both("auto"))
+    for a, b in zip(off, auto, strict=True):
+        same(a, b)
+
+
+def test_the_drafter_looks_up_the_context_and_follows_the_prediction():
+    output: list[int] = []
+    d = Drafter([1, 2, 3, 4, 5, 1, 2], output, (), end_ids={9}, max_draft=8)
+    assert d.propose(8).tokens == (3, 4, 5, 1)  # after the earlier "1 2", START_DRAFT long
+    output += [3]
+    assert d.propose(2).tokens == (4, 5)
+    # a loop keeps looping past the present; an end of turn ends the draft
+    loop = Drafter([7, 8, 7, 8], [], (), end_ids={9}, max_draft=8)
+    assert loop.propose(4).tokens == (7, 8, 7, 8)
+    ended = Drafter([4, 5, 9, 4, 5], [], (), end_ids={9}, max_draft=8)
+    assert ended.propose(4) is None
+    # a prediction drafts first, and is found again after a mismatch
+    out: list[int] = []
+    p = Drafter([0], out, (10, 11, 12, 13, 14, 15), end_ids=(), max_draft=3)
+    draft = p.propose(8)
+    assert draft == Draft((10, 11, 12), from_prediction=True)
+    p.observe(Verified(draft, [10, 11, 20], []))
+    assert (p.accepted_prediction, p.rejected_prediction) == (2, 1)
+    out += [10, 11, 20]
+    assert p.propose(8) is None or not p.propose(8).from_prediction
+    out += [13]
+    assert p.propose(8).tokens == (14, 15)
+
+
+def test_n_two_choices_are_the_same(svc):
+    async def choices(speculation):
+        prepared = prepare_turn(
+            svc, replace(CASES["repeat-seeded-logprobs"], n=2, speculation=speculation)
+        )
+        ids: dict[int, list[int]] = {}
+        async for ev in svc.generate(prepared.request):
+            if isinstance(ev, TokenEvent):
+                ids.setdefault(ev.index, []).extend(ev.token_ids)
+        return ids
+
+    assert asyncio.run(choices("off")) == asyncio.run(choices("auto"))
