@@ -215,8 +215,15 @@ def test_a_request_waiting_past_the_queue_timeout_is_refused_as_busy(smollm2_ser
     ids = svc.encode_chat([{"role": "user", "content": "Count to twenty."}])
 
     async def scenario():
+        # Drafting off: counting is what speculation speeds up most, and the slot must
+        # stay taken past the timeout.
         running = svc.generate(
-            GenerationRequest("a", tuple(ids), SamplingParams(temperature=0, max_tokens=200))
+            GenerationRequest(
+                "a",
+                tuple(ids),
+                SamplingParams(temperature=0, max_tokens=200),
+                speculation="off",
+            )
         )
         await running.__anext__()
         started = time.monotonic()
