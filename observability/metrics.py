@@ -102,6 +102,12 @@ REQUEST_DURATION = _histogram(
     "Generation requests end to end, from arrival to the response's last byte.",
     DURATION_BUCKETS,
 )
+BATCH_LINES = _counter(
+    "pantheon_batch_lines_total",
+    "Batch lines (wire/batches) by state: started (sent to their endpoint), completed "
+    "(answered 2xx, in the output file), failed (an error line); redone lines count again.",
+    ("state",),
+)
 QUEUE_WAIT = _histogram(
     "pantheon_queue_wait_seconds",
     "Seconds a generation waited in the model's queue before its slots were given.",

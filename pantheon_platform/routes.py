@@ -50,6 +50,7 @@ LARGE_BODY_PATHS = frozenset(
 # Open routes (no key): the health checks (GET / and llama.cpp's /health) and this
 # server's OpenAPI document.
 OPEN_PATHS = frozenset({"/", "/health", "/openapi.json"})
+FILES_PATH = "/v1/files"  # uploads (multipart): PANTHEON_FILES_MAX_BYTES, plus the form
 
 MIB = 1024 * 1024
 LARGE_BODY_BYTES = 64 * MIB
@@ -101,6 +102,10 @@ def body_limit(path: str) -> int:
     same number its view reads up to (restore_body_limit)."""
     if path == RESTORE_PATH:
         return max(LARGE_BODY_BYTES, restore_body_limit())
+    if path == FILES_PATH:
+        from django.conf import settings
+
+        return settings.PANTHEON_FILES_MAX_BYTES + RESTORE_SLACK_BYTES
     return LARGE_BODY_BYTES if path in LARGE_BODY_PATHS else MANAGEMENT_BODY_BYTES
 
 
@@ -124,4 +129,4 @@ def restore_body_limit() -> int:
 
 def body_class(path: str) -> str:
     """The route class a body limit belongs to, for messages: "large" or "management"."""
-    return "large" if path in LARGE_BODY_PATHS else "management"
+    return "large" if path in LARGE_BODY_PATHS or path == FILES_PATH else "management"

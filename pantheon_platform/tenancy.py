@@ -48,6 +48,23 @@ def is_operator(request_or_scope) -> bool:
     return scope.get(SCOPE_OPERATOR, True) is not False
 
 
+# The priority class a request runs in (engine.serving.scheduler): interactive unless
+# the batch runner put "batch" in its scope (wire/batches/dispatch.py) or the request
+# asked for it (`"priority": "batch"`, chat completions).
+SCOPE_PRIORITY = "pantheon.priority"
+INTERACTIVE, BATCH = "interactive", "batch"
+
+
+def priority(request_or_scope) -> str:
+    """The request's priority class: "interactive" (the default) or "batch"."""
+    scope = request_or_scope if isinstance(request_or_scope, dict) else None
+    if scope is None:
+        scope = getattr(request_or_scope, "scope", None)
+    if isinstance(scope, dict) and scope.get(SCOPE_PRIORITY) == BATCH:
+        return BATCH
+    return INTERACTIVE
+
+
 def session_key(request_or_scope, session_id: str | None) -> SessionKey | None:
     """The caller's session `session_id` (None stays None)."""
     if session_id is None:

@@ -69,6 +69,9 @@ else:
     runtime.use_store(DatabaseStore())
     session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
     runtime.start_loading()
+    from wire.batches import runner as batch_runner
+
+    batch_runner.start()  # the Batches API's lines, in the engine's `batch` class
     series.start(metrics.scrape_registry())  # the console dashboard's points, every 2 s
     application = stack.build(django_asgi_app)
     heartbeat.install()  # with PANTHEON_ROUTER_URL: register, heartbeat, deregister at stop

@@ -51,6 +51,11 @@ PANTHEON_RESPONSES_MAX_ITEM_BYTES  a stored response's record at most (1 MiB; la
 PANTHEON_RESPONSES_MAX_BYTES_PER_KEY  stored responses' bytes per API key (64 MiB; oldest evicted)
 PANTHEON_RESPONSES_MAX_PER_KEY  stored responses per API key (1000; oldest evicted)
 PANTHEON_RESPONSES_TTL_S  seconds a stored response is kept (2592000: 30 days)
+PANTHEON_FILES_MAX_BYTES  an upload to POST /v1/files at most (200 MiB)
+PANTHEON_FILES_QUOTA_BYTES  files' bytes per API key, batch outputs included (2 GiB)
+PANTHEON_FILES_DIR     where uploaded and batch output files live (<data dir>/files)
+PANTHEON_BATCH_CONCURRENCY  batch lines in flight at once, all batches together (4)
+PANTHEON_BATCH_MAX_LINES  lines a batch's input file may hold (50000)
 PANTHEON_METRICS       0: no metrics or usage stats are counted, GET /metrics is 404 (1)
 PANTHEON_STATS_RETENTION_DAYS  usage stats older than this are kept per day, not per hour (7)
 PANTHEON_STATS_DAYS_KEPT  usage stats (per day) older than this are deleted (365)
@@ -153,6 +158,8 @@ INSTALLED_APPS = [
     "sessions.apps.SessionsConfig",  # label "pantheon_sessions": django.contrib.sessions owns "sessions"
     "access",  # API keys and the browser defences (access/guard.py, an ASGI layer)
     "wire.responses",  # OpenAI Responses API (/v1/responses) and its stored responses
+    "wire.files",  # OpenAI Files API (/v1/files): uploads on disk, owned by their key
+    "wire.batches",  # OpenAI Batches API (/v1/batches) and its background runner
     "observability",  # GET /metrics (Prometheus) and the usage stats (GET /admin/stats)
     "cluster",  # the router role, the registry client and the instance heartbeat (cluster/)
 ]
@@ -239,6 +246,19 @@ if (
     raise EnvError(
         "PANTHEON_RESPONSES_MAX_ITEM_BYTES, PANTHEON_RESPONSES_MAX_BYTES_PER_KEY, "
         "PANTHEON_RESPONSES_MAX_PER_KEY and PANTHEON_RESPONSES_TTL_S must be >= 1"
+    )
+
+# The Files and Batches APIs (README, Batches): an upload's size, a key's bytes in all,
+# where the files live, and how many batch lines run at once (in the `batch` class).
+PANTHEON_FILES_MAX_BYTES = env_int("PANTHEON_FILES_MAX_BYTES", 200 * 2**20)
+PANTHEON_FILES_QUOTA_BYTES = env_int("PANTHEON_FILES_QUOTA_BYTES", 2 * 2**30)
+PANTHEON_FILES_DIR = env_path("PANTHEON_FILES_DIR", DATA_DIR / "files")
+PANTHEON_BATCH_CONCURRENCY = env_int("PANTHEON_BATCH_CONCURRENCY", 4)
+PANTHEON_BATCH_MAX_LINES = env_int("PANTHEON_BATCH_MAX_LINES", 50000)
+if min(PANTHEON_FILES_MAX_BYTES, PANTHEON_FILES_QUOTA_BYTES, PANTHEON_BATCH_CONCURRENCY) < 1:
+    raise EnvError(
+        "PANTHEON_FILES_MAX_BYTES, PANTHEON_FILES_QUOTA_BYTES and "
+        "PANTHEON_BATCH_CONCURRENCY must be >= 1"
     )
 
 LANGUAGE_CODE = "en-us"

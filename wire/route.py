@@ -92,3 +92,30 @@ async def first_event(events: AsyncIterator):
         await events.aclose()
         raise GenerationFailed("the engine stream ended without a finish event")
     return first
+
+
+def api_route(methods: tuple[str, ...], failure: str):
+    """Decorate an async `view(request, *args)` of a resource route (files, batches):
+    405 for a method not in `methods`, any exception answered in OpenAI's error shape (a
+    500 logged as `failure`, with its traceback)."""
+
+    def decorate(
+        view: Callable[..., Awaitable[HttpResponse]],
+    ) -> Callable[..., Awaitable[HttpResponse]]:
+        @csrf_exempt
+        @wraps(view)
+        async def route(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if request.method not in methods:
+                allowed = [*methods, "OPTIONS"]
+                return OPENAI_ERRORS.respond(method_not_allowed(request.method or "", allowed))
+            try:
+                return await view(request, *args, **kwargs)
+            except Exception as exc:
+                error = OPENAI_ERRORS.error_of(exc, False)
+                if error.status == 500:
+                    log.error(failure, exc_info=exc)
+                return OPENAI_ERRORS.respond(error)
+
+        return route
+
+    return decorate

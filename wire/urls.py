@@ -25,6 +25,8 @@ urlpatterns = [
     path("tokenize", tokenize.tokenize, name="tokenize"),  # llama.cpp's
     path("detokenize", tokenize.detokenize, name="detokenize"),
     path("", include("wire.responses.urls")),  # /v1/responses, /v1/responses/{id}
+    path("", include("wire.files.urls")),  # /v1/files, /v1/files/{id}[/content]
+    path("", include("wire.batches.urls")),  # /v1/batches, /v1/batches/{id}[/cancel]
     path("", include("wire.ollama.urls")),  # Ollama's API: /api/chat, /api/tags, ...
     # Operator test hook; answers the JSON 404 unless PANTHEON_DEBUG_ROUTES is on.
     path(
