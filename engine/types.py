@@ -29,6 +29,9 @@ class ModelConfig:
     prefill_chunk: int = 256
     queue_depth: int = 32  # requests waiting for a slot beyond the running ones (BS_QUEUE_DEPTH)
     queue_timeout_s: float = 30.0  # a request waiting longer is refused as busy
+    # The share of the slots `batch`-class requests may hold (serving/priority.py); an
+    # interactive request takes a batch one's slot at the next step whatever the share.
+    batch_share: float = 1.0
     # Prepared float32 weights cached on disk by content, memory-mapped on the next load
     # ("" = no cache); least recently used models are evicted past the cap.
     weight_cache_dir: str = ""
@@ -135,6 +138,9 @@ class GenerationRequest:
     # Predicted Outputs), drafted from first. Neither ever changes the tokens generated.
     speculation: str = "auto"
     prediction: tuple[int, ...] = ()
+    # Priority class (serving/priority.py): "interactive" or "batch" (Batches API lines,
+    # or a request that asked for it): batch work yields its slots to interactive work.
+    priority: str = "interactive"
 
 
 @dataclass(frozen=True)

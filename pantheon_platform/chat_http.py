@@ -137,6 +137,8 @@ async def start_turn(
     key = tenancy.session_key(request, session_id)
     note(request, model=name, session_id=key)
     turn = replace(turn, session_id=key, cache_namespace=tenancy.namespace(request))
+    if tenancy.priority(request) == tenancy.BATCH:  # a batch line (wire/batches)
+        turn = replace(turn, priority=tenancy.BATCH)
     options = chat_options()
     prepared = await off_loop(deadline, lambda: prepare_turn(svc, turn, options))
     record = TurnRecord(name, len(prepared.request.prompt_ids))

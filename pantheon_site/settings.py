@@ -365,6 +365,8 @@ PANTHEON_ENGINE_OPTIONS = {
     "queue_depth": env_int("BS_QUEUE_DEPTH", 32),  # requests waiting beyond the slots
     "queue_timeout_s": float(env_int("PANTHEON_QUEUE_TIMEOUT", 30)),  # then 429 server_busy
     "prefill_chunk": env_int("PANTHEON_PREFILL_CHUNK", 256),  # prompt tokens per step
+    # The share of slots batch-class work (the Batches API) may hold: 0..1 (percent / 100).
+    "batch_share": env_int("PANTHEON_BATCH_SHARE_PERCENT", 100) / 100,
     # Compute backend (kernels.BACKENDS): auto = compiled CPU kernels when built, else numpy.
     "backend": os.environ.get("PANTHEON_BACKEND", "auto"),
     # Prepared weights cached by content for fast reloads ("" when PANTHEON_WEIGHT_CACHE=0).

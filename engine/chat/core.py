@@ -236,6 +236,7 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         session_id=turn.session_id,
         session_implicit=turn.session_implicit and turn.session_id is not None,
         cache_namespace=turn.cache_namespace,
+        priority=turn.priority,
         think_style=prompts.think_style and not raw,  # a raw prompt's answer is plain text
         think_open=think_open,
         reasoning_budget=reasoning_budget(turn, svc.config.reasoning_budget),

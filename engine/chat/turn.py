@@ -30,6 +30,7 @@ class Turn:
     session_implicit: bool = False  # the server chose session_id (GenerationRequest's)
     # Whose prompts may share the prefix cache: the caller's key's namespace ("" open).
     cache_namespace: str = ""
+    priority: str = "interactive"  # the engine's class: "interactive" or "batch"
     logprobs: bool = False  # the client wants per-token logprobs rendered
     request_id: str = ""  # the engine's id for this request; "" -> one is made up
     # A raw prompt (legacy /v1/completions, Ollama's `raw`): no chat template, no tools,

@@ -97,7 +97,11 @@ class Admission:
         with engine.lock:
             try:
                 req.group_id = engine.scheduler.add(
-                    request.prompt_ids, n, request.params.max_tokens, request.cache_namespace
+                    request.prompt_ids,
+                    n,
+                    request.params.max_tokens,
+                    request.cache_namespace,
+                    request.priority,
                 )
             except QueueFull as exc:
                 if session_id is not None:

@@ -137,6 +137,7 @@ class EngineLoop:
             queue_timeout_s=config.queue_timeout_s,
             end_ids=tokenizer.end_of_turn_ids,
             choose_slot=self.slot_contents.prefer,
+            batch_share=config.batch_share,
         )
         self.runner = Runner(model, kv)
         self.speculator = Speculator(
@@ -221,8 +222,10 @@ class EngineLoop:
         with self.lock:
             refused = self.scheduler.expire()
             started = self.scheduler.admit()
+            moves = self.scheduler.lane.pop_moves()  # batch sequences parked, unparked
             self._start(started)
             resuming = [(s, self.requests.get(s.group_id)) for s in started]
+        self.keeper.move_parked(moves)  # before anything writes into a parked slot
         resumed = self.keeper.resume_prefixes(resuming)  # KV copies, outside the lock
         with self.lock:
             for group_id, cached in resumed:

@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+from .priority import BATCH, INTERACTIVE, BatchLane
 from .batch import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -79,6 +80,8 @@ class _Group:
     max_tokens: int
     enqueued_at: float
     namespace: str = ""  # whose kept prefixes it may reuse (choose_slot)
+    priority: str = INTERACTIVE  # its class (priority.py)
+    parked: bool = False  # a batch group whose slots an interactive one took
     seqs: list[_Seq] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens whose KV is written (on seqs[0]'s slot)
     cached: int = 0  # of those, resumed from a cache (resume())
@@ -100,6 +103,7 @@ class Scheduler:
         end_ids: Collection[int] = (),
         clock: Callable[[], float] = time.monotonic,
         choose_slot: Callable[[tuple[int, ...], list[int], str], int] | None = None,
+        batch_share: float = 1.0,
     ):
         if n_slots < 1:
             raise ValueError("a scheduler needs at least one slot")
@@ -115,7 +119,8 @@ class Scheduler:
         # first sequence (the prefix cache's choice); None: the lowest free slot.
         self.choose_slot = choose_slot
         self._free: list[int] = list(range(n_slots))  # a heap: the lowest free slot first
-        self._waiting: deque[_Group] = deque()
+        self._waiting: deque[_Group] = deque()  # interactive groups
+        self.lane = BatchLane(batch_share)  # batch groups: their queue, the parked ones
         self._running: dict[int, _Group] = {}  # admission order
         self._seqs: dict[int, _Seq] = {}  # running groups' unfinished sequences
         self._group_ids = itertools.count(1)
@@ -127,10 +132,22 @@ class Scheduler:
     # --- the HTTP side -------------------------------------------------------------------
 
     def add(
-        self, prompt: tuple[int, ...], n: int = 1, max_tokens: int = 1, namespace: str = ""
+        self,
+        prompt: tuple[int, ...],
+        n: int = 1,
+        max_tokens: int = 1,
+        namespace: str = "",
+        priority: str = INTERACTIVE,
     ) -> int:
         """Queue a request of `n` choices (`namespace`: whose kept prefixes it may reuse);
-        returns its group id. Raises QueueFull."""
+        returns its group id. Raises QueueFull (an interactive request only)."""
+        if priority == BATCH:
+            group = _Group(
+                next(self._group_ids), tuple(prompt), max(1, n), max_tokens, self.clock(),
+                namespace, priority=BATCH,
+            )
+            self.lane.waiting.append(group)
+            return group.group_id
         if self._queued_behind(min(n, self.served_slots)) >= self.queue_depth + 1:
             raise QueueFull(
                 f"all {self.served_slots} slots are busy and {self.queued} requests wait"
@@ -143,13 +160,15 @@ class Scheduler:
 
     def cancel(self, group_id: int) -> bool:
         """Forget a group (its client is gone): out of the queue, or its slots freed now."""
-        for group in self._waiting:
-            if group.group_id == group_id:
-                self._waiting.remove(group)
-                return True
+        for queue in (self._waiting, self.lane.waiting):
+            for group in queue:
+                if group.group_id == group_id:
+                    queue.remove(group)
+                    return True
         group = self._running.pop(group_id, None)
         if group is None:
             return False
+        self.lane.forget(group)
         live = [seq for seq in group.seqs if not seq.done]
         for seq in live:
             seq.done = True
@@ -168,22 +187,25 @@ class Scheduler:
             # ones start, the others wait for the group's slots.
             k = min(group.n, self.served_slots)
             if self.served_slots - self.running < k or len(self._free) < k:
-                break
+                if not self.lane.park_for(self, k):  # batch groups give their slots up
+                    break
             self._waiting.popleft()
-            for index in range(group.n):
-                slot = self._take_slot(group if index == 0 else None) if index < k else -1
-                seq = _Seq(next(self._seq_ids), group, index, slot=slot)
-                group.seqs.append(seq)
-                self._seqs[seq.seq_id] = seq
-            self._running[group.group_id] = group
-            started.append(
-                Started(
-                    group.group_id,
-                    tuple(q.seq_id for q in group.seqs),
-                    tuple(q.slot for q in group.seqs[:k]),
-                )
-            )
-        return started
+            started.append(self._start_group(group, k))
+        return started + self.lane.admit(self)
+
+    def _start_group(self, group: _Group, k: int) -> Started:
+        """A queued group into slots: its first `k` choices hold one each."""
+        for index in range(group.n):
+            slot = self._take_slot(group if index == 0 else None) if index < k else -1
+            seq = _Seq(next(self._seq_ids), group, index, slot=slot)
+            group.seqs.append(seq)
+            self._seqs[seq.seq_id] = seq
+        self._running[group.group_id] = group
+        return Started(
+            group.group_id,
+            tuple(q.seq_id for q in group.seqs),
+            tuple(q.slot for q in group.seqs[:k]),
+        )
 
     def resume(self, group_id: int, cached: int) -> bool:
         """A group just admitted starts with its prompt's first `cached` tokens already in
@@ -308,9 +330,9 @@ class Scheduler:
             for seq in group.seqs:
                 if not seq.done and self._position(seq) >= context_window:
                     events.append(self._finish(seq, FINISH_LENGTH))
-        for group in list(self._waiting):
-            if len(group.prompt) > context_window:
-                self._waiting.remove(group)
+        for queue in (self._waiting, self.lane.waiting):
+            for group in [g for g in queue if len(g.prompt) > context_window]:
+                queue.remove(group)
                 events.append(Refused(group.group_id, REFUSED_MEMORY, _no_room(group)))
         return events
 
@@ -325,11 +347,12 @@ class Scheduler:
     @property
     def in_flight(self) -> int:
         """Requests admitted and not finished, queued ones included."""
-        return len(self._waiting) + len(self._running)
+        return len(self._waiting) + len(self.lane.waiting) + len(self._running)
 
     @property
     def queued(self) -> int:
-        return len(self._waiting)
+        """Groups waiting for slots, both classes (parked ones are running)."""
+        return len(self._waiting) + len(self.lane.waiting)
 
     @property
     def running(self) -> int:
@@ -390,7 +413,7 @@ class Scheduler:
     def _queued_behind(self, need: int) -> int:
         """How many groups would wait ahead of a new one needing `need` slots, plus one if
         it would have to wait itself (0: it starts at the next step)."""
-        free = self.served_slots - self.running
+        free = self.lane.free_for_interactive(self)  # batch groups park for it
         waiting = 0
         for group in self._waiting:
             g_need = min(group.n, self.served_slots)

@@ -22,6 +22,20 @@ class SlotKeeper:
         self.slot_contents = contents
         self.sessions = sessions
         self.prefix_cache = prefix_cache  # the load option: prompts may share kept prefixes
+        # seq id -> (k, v, positions): parked batch sequences' KV (priority.py)
+        self.parked: dict[int, tuple] = {}
+
+    def move_parked(self, moves) -> None:
+        """Batch sequences parked for interactive ones (priority.Moves): their written KV
+        out of the slot, dropped once they are gone, back into a new slot."""
+        for seq_id, slot, positions in moves.park:
+            self.parked[seq_id] = (*self.kv.save(slot, positions), positions)
+        for seq_id in moves.drop:
+            self.parked.pop(seq_id, None)
+        for seq_id, slot in moves.unpark:
+            k, v, positions = self.parked.pop(seq_id)
+            self.slot_contents.taken([slot])  # whatever it kept is overwritten
+            self.kv.load(slot, k, v, positions)
 
     def clear(self) -> int:
         """Forget every kept prefix and hand its pages back; the number of slots released."""
