@@ -22,7 +22,9 @@ import observability.openapi as observability_openapi
 import operators.openapi as operators_openapi
 import sessions.openapi as sessions_openapi
 import wire.anthropic.openapi as anthropic_openapi
+import wire.batches.openapi as batches_openapi
 import wire.completions.openapi as textapi_openapi
+import wire.files.openapi as files_openapi
 import wire.ollama.openapi as ollama_openapi
 import wire.openapi as wire_openapi
 import wire.responses.openapi as responses_openapi
@@ -53,6 +55,8 @@ PIECES = (
     textapi_openapi,  # /v1/completions, /v1/embeddings, /tokenize, /detokenize
     anthropic_openapi,  # /v1/messages, /v1/messages/count_tokens
     ollama_openapi,  # /api/chat, /api/generate, /api/tags, ... (Ollama's)
+    files_openapi,  # /v1/files, /v1/files/{file_id}, /v1/files/{file_id}/content
+    batches_openapi,  # /v1/batches, /v1/batches/{batch_id}, /v1/batches/{batch_id}/cancel
     observability_openapi,  # /metrics, /admin/stats
 )
 

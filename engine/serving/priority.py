@@ -82,9 +82,7 @@ class BatchLane:
     def free_for_interactive(self, sched: Scheduler) -> int:
         """Slots an interactive group could have now: free ones and parkable ones."""
         free = min(sched.served_slots - sched.running, len(sched._free))
-        return free + sum(
-            sum(1 for s in g.seqs if not s.done) for g in self.parkable(sched)
-        )
+        return free + sum(sum(1 for s in g.seqs if not s.done) for g in self.parkable(sched))
 
     def park_for(self, sched: Scheduler, k: int) -> bool:
         """Free `k` slots for an interactive group by parking batch groups; False (none
@@ -112,9 +110,7 @@ class BatchLane:
         if sched._waiting:
             return []
         cap = self.cap(sched.served_slots)
-        holding = sum(
-            1 for s in sched._seqs.values() if s.slot >= 0 and s.group.priority == BATCH
-        )
+        holding = sum(1 for s in sched._seqs.values() if s.slot >= 0 and s.group.priority == BATCH)
         while self.parked:
             group = self.parked[0]
             live = [s for s in group.seqs if not s.done]

@@ -42,7 +42,6 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from .priority import BATCH, INTERACTIVE, BatchLane
 from .batch import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -57,6 +56,7 @@ from .batch import (
     Sampled,
     Started,
 )
+from .priority import BATCH, INTERACTIVE, BatchLane
 
 # --- state -------------------------------------------------------------------------------
 
@@ -143,8 +143,13 @@ class Scheduler:
         returns its group id. Raises QueueFull (an interactive request only)."""
         if priority == BATCH:
             group = _Group(
-                next(self._group_ids), tuple(prompt), max(1, n), max_tokens, self.clock(),
-                namespace, priority=BATCH,
+                next(self._group_ids),
+                tuple(prompt),
+                max(1, n),
+                max_tokens,
+                self.clock(),
+                namespace,
+                priority=BATCH,
             )
             self.lane.waiting.append(group)
             return group.group_id

@@ -53,15 +53,15 @@ async def run_line(app, endpoint: str, namespace: str, custom_id: str, body: dic
     raw = json.dumps(body).encode()
     sent = False
     status, chunks = 500, []
-    answered = asyncio.Event()
 
     async def receive():
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": raw, "more_body": False}
-        await answered.wait()  # Django cancels the view on a disconnect: none before the end
-        return {"type": "http.disconnect"}
+        # No disconnect ever (Django would cancel the view): Django cancels this wait
+        # itself once the response is sent.
+        await asyncio.Future()
 
     async def send(message):
         nonlocal status
@@ -70,10 +70,7 @@ async def run_line(app, endpoint: str, namespace: str, custom_id: str, body: dic
         elif message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
 
-    try:
-        await app(scope_for(endpoint, namespace, raw), receive, send)
-    finally:
-        answered.set()
+    await app(scope_for(endpoint, namespace, raw), receive, send)
     try:
         answer = json.loads(b"".join(chunks) or b"null")
     except ValueError:

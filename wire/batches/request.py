@@ -30,9 +30,7 @@ def parse_request(body: dict) -> BatchRequest:
         raise invalid_request("input_file_id: expected a file id", param="input_file_id")
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
-        raise invalid_request(
-            f"endpoint: expected one of {list(ENDPOINTS)}", param="endpoint"
-        )
+        raise invalid_request(f"endpoint: expected one of {list(ENDPOINTS)}", param="endpoint")
     window = body.get("completion_window")
     if window not in WINDOWS:
         raise invalid_request(

@@ -20,10 +20,12 @@ import logging
 import threading
 
 from django.conf import settings
+from django.db import OperationalError
 from django.utils import timezone
 
 from observability.metrics import BATCH_LINES
 from wire.batches import store, validate
+from wire.batches.dispatch import run_line
 from wire.batches.models import (
     CANCELLED,
     CANCELLING,
@@ -34,13 +36,13 @@ from wire.batches.models import (
     VALIDATING,
     Batch,
 )
-from wire.batches.dispatch import run_line
 from wire.files import storage as files
 from wire.files.storage import db
 
 log = logging.getLogger("pantheon.batches")
 
 POLL_S = 0.5  # how often the runner looks for new, cancelled or finished batches
+LOCKED_RETRIES = 20
 EXPIRED_MESSAGE = "the batch's completion window ended before this line ran"
 
 _runner: BatchRunner | None = None
@@ -152,9 +154,7 @@ class BatchRunner:
         room = self.concurrency - sum(len(f) for f in self._flying.values())
         if room > 0:
             for line_id, _index, custom_id, body in await db(store.claim, batch.id, room):
-                flying[line_id] = asyncio.create_task(
-                    self._line(batch, line_id, custom_id, body)
-                )
+                flying[line_id] = asyncio.create_task(self._line(batch, line_id, custom_id, body))
         if not flying and not await db(store.pending_count, batch.id):
             await db(store.set_status, batch.id, FINALIZING)
             await self._end(batch.id, COMPLETED)
@@ -162,18 +162,16 @@ class BatchRunner:
     async def _line(self, batch: Batch, line_id: int, custom_id: str, body: dict) -> None:
         BATCH_LINES.labels("started").inc()
         try:
-            ok, result = await run_line(
-                self._app, batch.endpoint, batch.namespace, custom_id, body
-            )
+            ok, result = await run_line(self._app, batch.endpoint, batch.namespace, custom_id, body)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the handler answers errors itself; this is a bug
             log.exception("batches: line %s of %s failed", custom_id, batch.id)
             ok, result = False, store.error_line(custom_id, "server_error", str(exc))
-        if await db(store.finish_line, batch.id, line_id, ok, result):
+        if await _retrying(store.finish_line, batch.id, line_id, ok, result):
             BATCH_LINES.labels("completed" if ok else "failed").inc()
             file_id = batch.output_file_id if ok else batch.error_file_id
-            await db(files.append, file_id, _jsonl(result))
+            await _retrying(files.append, file_id, _jsonl(result))
 
     async def _stop_lines(self, batch_id: str) -> None:
         """Stop the batch's lines in flight (their engine requests end at the next step);
@@ -190,6 +188,18 @@ class BatchRunner:
         await db(store.set_status, batch_id, status)
         self._flying.pop(batch_id, None)
         self._opened.discard(batch_id)
+
+
+async def _retrying(work, *args):
+    """`work(*args)` through db, retried while the database is locked by another writer
+    (SQLite): a finished line is not lost to a busy moment."""
+    for attempt in range(LOCKED_RETRIES):
+        try:
+            return await db(work, *args)
+        except OperationalError:
+            if attempt == LOCKED_RETRIES - 1:
+                raise
+            await asyncio.sleep(0.05 * (attempt + 1))
 
 
 def _jsonl(line: dict) -> bytes:

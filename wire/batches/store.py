@@ -83,9 +83,7 @@ def cancel_by_operator(batch_ids) -> int:
 
 def active() -> list[Batch]:
     """Batches the runner has work on, oldest first."""
-    return list(
-        Batch.objects.exclude(status__in=ENDED).order_by("created", "id")
-    )
+    return list(Batch.objects.exclude(status__in=ENDED).order_by("created", "id"))
 
 
 def recover() -> int:

@@ -72,7 +72,5 @@ def parse_page(query, default_limit: int, max_limit: int = LIST_LIMIT_MAX) -> Pa
         raise invalid_request("order: expected asc or desc", param="order")
     purpose = query.get("purpose") or None
     if purpose is not None and purpose not in LIST_PURPOSES:
-        raise invalid_request(
-            f"purpose: expected one of {list(LIST_PURPOSES)}", param="purpose"
-        )
+        raise invalid_request(f"purpose: expected one of {list(LIST_PURPOSES)}", param="purpose")
     return Page(query.get("after") or None, limit, order, purpose)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.access.helpers import bearer, in_db
 from tests.access.helpers import call as raw_call
-from tests.wire.files.sdk_helpers import app, files_dir, new_key, sdk  # noqa: F401
+from tests.wire.files.sdk_helpers import new_key, sdk
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anyio]
 
@@ -51,9 +51,7 @@ async def test_another_key_can_neither_see_read_nor_delete_a_file(app, files_dir
     assert (await owner.files.retrieve(made.id)).id == made.id
 
 
-async def test_a_bad_purpose_an_oversized_file_and_the_quota_are_refused(
-    app, files_dir, settings
-):
+async def test_a_bad_purpose_an_oversized_file_and_the_quota_are_refused(app, files_dir, settings):
     client = sdk(app, await new_key("a"))
     with pytest.raises(openai.BadRequestError, match="purpose"):
         await client.files.create(file=("x.jsonl", CONTENT), purpose="fine-tune")
