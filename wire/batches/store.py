@@ -32,6 +32,11 @@ def new_id() -> str:
     return f"batch_{secrets.token_hex(12)}"
 
 
+def is_batch_id(value: str) -> bool:
+    """An id this server could have made (others are not looked up)."""
+    return value.startswith("batch_") and 6 < len(value) <= 64 and value[6:].isalnum()
+
+
 def create(namespace: str, input_file_id: str, endpoint: str, window: str, metadata) -> Batch:
     return Batch.objects.create(
         id=new_id(),
@@ -45,6 +50,8 @@ def create(namespace: str, input_file_id: str, endpoint: str, window: str, metad
 
 
 def find(namespace: str, batch_id: str) -> Batch | None:
+    if not is_batch_id(batch_id):
+        return None
     return Batch.objects.filter(id=batch_id, namespace=namespace).first()
 
 
@@ -59,6 +66,8 @@ def listed(namespace: str, after: str | None, limit: int) -> tuple[list[Batch], 
 def cancel(namespace: str, batch_id: str) -> Batch | None:
     """Ask the runner to stop the caller's batch (cancelling; it ends as cancelled, what
     finished kept). An ended batch stays as it is; None: no such batch."""
+    if not is_batch_id(batch_id):
+        return None
     with transaction.atomic():
         batch = find(namespace, batch_id)
         if batch is None:

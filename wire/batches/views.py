@@ -54,7 +54,9 @@ async def batches(request: HttpRequest) -> HttpResponse:
 
 @api_route(("GET",), "batch failed")
 async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
-    batch = await files.db(store.find, tenancy.namespace(request), batch_id)
+    batch = None
+    if store.is_batch_id(batch_id):
+        batch = await files.db(store.find, tenancy.namespace(request), batch_id)
     if batch is None:
         raise not_found(batch_id)
     return json_response(batch_object(batch))
@@ -63,7 +65,9 @@ async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
 @api_route(("POST",), "batch cancel failed")
 async def cancel_batch(request: HttpRequest, batch_id: str) -> HttpResponse:
     """The batch cancelling (the runner stops its lines and ends it as cancelled)."""
-    batch = await files.db(store.cancel, tenancy.namespace(request), batch_id)
+    batch = None
+    if store.is_batch_id(batch_id):
+        batch = await files.db(store.cancel, tenancy.namespace(request), batch_id)
     if batch is None:
         raise not_found(batch_id)
     runner.wake()

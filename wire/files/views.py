@@ -23,7 +23,9 @@ def not_found(file_id: str) -> ApiError:
 
 async def owned(request: HttpRequest, file_id: str):
     """The caller's file `file_id`, or 404."""
-    stored = await storage.db(storage.find, tenancy.namespace(request), file_id)
+    stored = None
+    if storage.is_file_id(file_id):
+        stored = await storage.db(storage.find, tenancy.namespace(request), file_id)
     if stored is None:
         raise not_found(file_id)
     return stored
@@ -52,7 +54,9 @@ async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
     """GET: the file object. DELETE: the file gone (row and bytes)."""
     if request.method == "GET":
         return json_response(file_object(await owned(request, file_id)))
-    if not await storage.db(storage.delete, tenancy.namespace(request), file_id):
+    if not storage.is_file_id(file_id) or not await storage.db(
+        storage.delete, tenancy.namespace(request), file_id
+    ):
         raise not_found(file_id)
     return json_response(deleted_object(file_id))
 

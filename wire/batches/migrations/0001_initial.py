@@ -5,61 +5,85 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Batch',
+            name="Batch",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('namespace', models.CharField(help_text="Whose batch (the key's namespace).", max_length=64)),
-                ('endpoint', models.CharField(max_length=64)),
-                ('completion_window', models.CharField(default='24h', max_length=16)),
-                ('input_file_id', models.CharField(max_length=64)),
-                ('output_file_id', models.CharField(blank=True, max_length=64, null=True)),
-                ('error_file_id', models.CharField(blank=True, max_length=64, null=True)),
-                ('status', models.CharField(db_index=True, default='validating', max_length=16)),
-                ('errors', models.JSONField(blank=True, null=True)),
-                ('metadata', models.JSONField(blank=True, null=True)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('completed', models.PositiveIntegerField(default=0)),
-                ('failed', models.PositiveIntegerField(default=0)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('expires_at', models.DateTimeField()),
-                ('in_progress_at', models.DateTimeField(blank=True, null=True)),
-                ('finalizing_at', models.DateTimeField(blank=True, null=True)),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('failed_at', models.DateTimeField(blank=True, null=True)),
-                ('expired_at', models.DateTimeField(blank=True, null=True)),
-                ('cancelling_at', models.DateTimeField(blank=True, null=True)),
-                ('cancelled_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                (
+                    "namespace",
+                    models.CharField(help_text="Whose batch (the key's namespace).", max_length=64),
+                ),
+                ("endpoint", models.CharField(max_length=64)),
+                ("completion_window", models.CharField(default="24h", max_length=16)),
+                ("input_file_id", models.CharField(max_length=64)),
+                ("output_file_id", models.CharField(blank=True, max_length=64, null=True)),
+                ("error_file_id", models.CharField(blank=True, max_length=64, null=True)),
+                ("status", models.CharField(db_index=True, default="validating", max_length=16)),
+                ("errors", models.JSONField(blank=True, null=True)),
+                ("metadata", models.JSONField(blank=True, null=True)),
+                ("total", models.PositiveIntegerField(default=0)),
+                ("completed", models.PositiveIntegerField(default=0)),
+                ("failed", models.PositiveIntegerField(default=0)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                ("expires_at", models.DateTimeField()),
+                ("in_progress_at", models.DateTimeField(blank=True, null=True)),
+                ("finalizing_at", models.DateTimeField(blank=True, null=True)),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                ("failed_at", models.DateTimeField(blank=True, null=True)),
+                ("expired_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelling_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelled_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'verbose_name_plural': 'batches',
-                'ordering': ['-created', '-id'],
-                'indexes': [models.Index(fields=['namespace', 'created'], name='batches_api_namespa_b35571_idx')],
+                "verbose_name_plural": "batches",
+                "ordering": ["-created", "-id"],
+                "indexes": [
+                    models.Index(
+                        fields=["namespace", "created"], name="batches_api_namespa_b35571_idx"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='BatchLine',
+            name="BatchLine",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('custom_id', models.CharField(max_length=512)),
-                ('body', models.JSONField()),
-                ('state', models.CharField(default='pending', max_length=8)),
-                ('ok', models.BooleanField(default=False)),
-                ('result', models.JSONField(blank=True, null=True)),
-                ('batch', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='lines', to='batches_api.batch')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveIntegerField()),
+                ("custom_id", models.CharField(max_length=512)),
+                ("body", models.JSONField()),
+                ("state", models.CharField(default="pending", max_length=8)),
+                ("ok", models.BooleanField(default=False)),
+                ("result", models.JSONField(blank=True, null=True)),
+                (
+                    "batch",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="lines",
+                        to="batches_api.batch",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['batch', 'index'],
-                'indexes': [models.Index(fields=['batch', 'state'], name='batches_api_batch_i_570bd6_idx')],
-                'constraints': [models.UniqueConstraint(fields=('batch', 'custom_id'), name='batch_line_custom_id'), models.UniqueConstraint(fields=('batch', 'index'), name='batch_line_index')],
+                "ordering": ["batch", "index"],
+                "indexes": [
+                    models.Index(fields=["batch", "state"], name="batches_api_batch_i_570bd6_idx")
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("batch", "custom_id"), name="batch_line_custom_id"
+                    ),
+                    models.UniqueConstraint(fields=("batch", "index"), name="batch_line_index"),
+                ],
             },
         ),
     ]

@@ -4,28 +4,36 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='StoredFile',
+            name="StoredFile",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('namespace', models.CharField(help_text='Whose file: "key:<console key id>", "env:client", "env:admin", or "open".', max_length=64)),
-                ('filename', models.CharField(max_length=512)),
-                ('purpose', models.CharField(max_length=32)),
-                ('bytes', models.PositiveBigIntegerField(default=0)),
-                ('sha256', models.CharField(blank=True, default='', max_length=64)),
-                ('created', models.DateTimeField(auto_now_add=True)),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                (
+                    "namespace",
+                    models.CharField(
+                        help_text='Whose file: "key:<console key id>", "env:client", "env:admin", or "open".',
+                        max_length=64,
+                    ),
+                ),
+                ("filename", models.CharField(max_length=512)),
+                ("purpose", models.CharField(max_length=32)),
+                ("bytes", models.PositiveBigIntegerField(default=0)),
+                ("sha256", models.CharField(blank=True, default="", max_length=64)),
+                ("created", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'verbose_name': 'stored file',
-                'ordering': ['-created', '-id'],
-                'indexes': [models.Index(fields=['namespace', 'created'], name='files_api_s_namespa_b6b0f2_idx')],
+                "verbose_name": "stored file",
+                "ordering": ["-created", "-id"],
+                "indexes": [
+                    models.Index(
+                        fields=["namespace", "created"], name="files_api_s_namespa_b6b0f2_idx"
+                    )
+                ],
             },
         ),
     ]
