@@ -110,6 +110,24 @@ class SpeculationField(serializers.ChoiceField):
         return super().to_internal_value(data)
 
 
+class PriorityField(serializers.ChoiceField):
+    """`priority`: "interactive" (the default) or "batch" (engine.serving.priority)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault(
+            "help_text",
+            'Extension: "batch" runs the request in the engine\'s batch class: it yields '
+            "its slot to interactive requests (parked and resumed, its tokens unchanged). "
+            '"interactive" (the default) is every live request\'s class.',
+        )
+        super().__init__(("interactive", "batch"), required=False, allow_null=True, **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
+
+
 class StopField(serializers.Field):
     """`stop`: a string or an array of strings, normalised to a tuple (empties dropped)."""
 

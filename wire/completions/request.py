@@ -18,6 +18,7 @@ from pantheon_platform.strict_json import (
     REPETITION_PENALTY_MAX,
     TEMPERATURE_RANGE,
     LogitBiasField,
+    PriorityField,
     SpeculationField,
     StopField,
     StrictBooleanField,
@@ -72,6 +73,7 @@ class CompletionRequest(serializers.Serializer):
     user = StrictCharField(required=False, allow_null=True, allow_blank=True)
     session_id = StrictCharField(required=False, allow_null=True, max_length=IDENTIFIER_MAX)
     speculation = SpeculationField()
+    priority = PriorityField()
 
     def validate_prompt(self, value):
         return text_inputs(value, "prompts", MAX_PROMPTS)

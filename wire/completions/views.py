@@ -65,6 +65,7 @@ async def _answer(request: HttpRequest, call: RouteCall, runs: list[PromptRun]) 
             logprobs=req.top_wanted is not None,
             request_id=f"{cid}-{i}" if len(prompts) > 1 else cid,
             speculation=req.validated_data.get("speculation"),
+            priority=req.validated_data.get("priority") or "interactive",
         )
         started = await start_turn(
             request,

@@ -50,6 +50,7 @@ def turn_of(chat, request_id: str) -> Turn:
         request_id=request_id,
         prediction=data.get("prediction"),
         speculation=data.get("speculation"),
+        priority=data.get("priority") or "interactive",
     )
 
 

@@ -26,6 +26,7 @@ from pantheon_platform.strict_json import (
     TEMPERATURE_RANGE,
     BoundedListField,
     LogitBiasField,
+    PriorityField,
     SpeculationField,
     StopField,
     StrictBooleanField,
@@ -244,6 +245,7 @@ class ChatCompletionRequest(serializers.Serializer):
     # Speculative decoding: drafts never change the answer (wire/openai_chat/prediction.py).
     prediction = PredictionField()
     speculation = SpeculationField()
+    priority = PriorityField()
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
     session_id = StrictCharField(
         required=False,
