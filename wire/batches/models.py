@@ -56,6 +56,7 @@ class BatchLine(models.Model):
     batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
     index = models.PositiveIntegerField()  # its line in the input file, from 0
     custom_id = models.CharField(max_length=512)
+    url = models.CharField(max_length=64)  # its endpoint (a batch may mix them)
     body = models.JSONField()  # the request body, as the input line sent it
     state = models.CharField(max_length=8, default=PENDING)
     ok = models.BooleanField(default=False)  # done with a 2xx: in the output file

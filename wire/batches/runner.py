@@ -153,25 +153,30 @@ class BatchRunner:
             return
         room = self.concurrency - sum(len(f) for f in self._flying.values())
         if room > 0:
-            for line_id, _index, custom_id, body in await db(store.claim, batch.id, room):
-                flying[line_id] = asyncio.create_task(self._line(batch, line_id, custom_id, body))
+            for line_id, url, custom_id, body in await db(store.claim, batch.id, room):
+                task = self._line(batch, line_id, url, custom_id, body)
+                flying[line_id] = asyncio.create_task(task)
         if not flying and not await db(store.pending_count, batch.id):
             await db(store.set_status, batch.id, FINALIZING)
             await self._end(batch.id, COMPLETED)
 
-    async def _line(self, batch: Batch, line_id: int, custom_id: str, body: dict) -> None:
+    async def _line(self, batch: Batch, line_id: int, url: str, custom_id: str, body: dict):
         BATCH_LINES.labels("started").inc()
         try:
-            ok, result = await run_line(self._app, batch.endpoint, batch.namespace, custom_id, body)
+            ok, result = await run_line(self._app, url, batch.namespace, custom_id, body)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the handler answers errors itself; this is a bug
             log.exception("batches: line %s of %s failed", custom_id, batch.id)
             ok, result = False, store.error_line(custom_id, "server_error", str(exc))
-        if await _retrying(store.finish_line, batch.id, line_id, ok, result):
-            BATCH_LINES.labels("completed" if ok else "failed").inc()
-            file_id = batch.output_file_id if ok else batch.error_file_id
-            await _retrying(files.append, file_id, _jsonl(result))
+        try:
+            if await _retrying(store.finish_line, batch.id, line_id, ok, result):
+                BATCH_LINES.labels("completed" if ok else "failed").inc()
+                file_id = batch.output_file_id if ok else batch.error_file_id
+                await _retrying(files.append, file_id, _jsonl(result))
+        except OperationalError:  # the database stayed locked: the line runs again
+            log.exception("batches: line %s of %s not recorded", custom_id, batch.id)
+            await db(store.unclaim, [line_id])
 
     async def _stop_lines(self, batch_id: str) -> None:
         """Stop the batch's lines in flight (their engine requests end at the next step);
@@ -184,7 +189,10 @@ class BatchRunner:
 
     async def _end(self, batch_id: str, status: str) -> None:
         batch = await db(lambda: Batch.objects.get(id=batch_id))
-        await db(store.drop_empty_outputs, batch)
+        # The files exactly as the database says: a line whose commit raced a cancel
+        # is in them once, whatever the appends did.
+        await _retrying(_rewrite_outputs, batch)
+        await _retrying(store.drop_empty_outputs, batch)
         await db(store.set_status, batch_id, status)
         self._flying.pop(batch_id, None)
         self._opened.discard(batch_id)

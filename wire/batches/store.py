@@ -101,14 +101,14 @@ def recover() -> int:
     return BatchLine.objects.filter(state=RUNNING).update(state=PENDING)
 
 
-def claim(batch_id: str, n: int) -> list[tuple[int, int, str, dict]]:
+def claim(batch_id: str, n: int) -> list[tuple[int, str, str, dict]]:
     """Up to `n` pending lines of the batch, marked running, in input order:
-    (row id, index, custom_id, body)."""
+    (row id, url, custom_id, body)."""
     with transaction.atomic():
         rows = list(
             BatchLine.objects.filter(batch_id=batch_id, state=PENDING)
             .order_by("index")
-            .values_list("id", "index", "custom_id", "body")[:n]
+            .values_list("id", "url", "custom_id", "body")[:n]
         )
         BatchLine.objects.filter(id__in=[r[0] for r in rows]).update(state=RUNNING)
     return rows

@@ -1,6 +1,7 @@
 """A batch's input checked up front, before any line runs: every line one JSON object
-`{"custom_id", "method": "POST", "url": <the batch's endpoint>, "body": {...}}`, no
-custom_id twice, every model one this server serves. Any of these wrong and the batch
+`{"custom_id", "method": "POST", "url", "body": {...}}`, its url one of the batch
+endpoints (usually the batch's own; unlike OpenAI, one batch may mix chat and embeddings
+lines, each run at its own url), no custom_id twice, every model one this server serves. Any of these wrong and the batch
 fails with its `errors` (OpenAI's {code, message, param, line}); a body the endpoint
 itself refuses is not checked here: that line runs, and its 400 is an error line."""
 
@@ -13,6 +14,7 @@ from django.conf import settings
 from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded, get_runtime
 from wire.batches import store
 from wire.batches.models import Batch, BatchLine
+from wire.batches.request import ENDPOINTS
 from wire.files import storage as files
 
 MAX_ERRORS = 100  # a batch's `errors` list at most (the first ones)
@@ -43,7 +45,7 @@ def validate(batch: Batch) -> None:
                     )
                 )
                 break
-            line, problem = _parse(raw, batch.endpoint)
+            line, problem = _parse(raw)
             if problem is None and line["custom_id"] in seen:
                 problem = _error(
                     "duplicate_custom_id",
@@ -65,6 +67,7 @@ def validate(batch: Batch) -> None:
                     batch_id=batch.id,
                     index=len(lines),
                     custom_id=line["custom_id"],
+                    url=line["url"],
                     body=line["body"],
                 )
             )
@@ -78,7 +81,7 @@ def validate(batch: Batch) -> None:
     store.start(batch.id, batch.namespace, lines)
 
 
-def _parse(raw: bytes, endpoint: str) -> tuple[dict, dict | None]:
+def _parse(raw: bytes) -> tuple[dict, dict | None]:
     """One input line, or the error that fails the batch."""
     try:
         line = json.loads(raw)
@@ -92,9 +95,9 @@ def _parse(raw: bytes, endpoint: str) -> tuple[dict, dict | None]:
         return {}, _error("missing_required_parameter", message, "custom_id")
     if line.get("method") != "POST":
         return {}, _error("invalid_method", "method: expected POST", "method")
-    if line.get("url") != endpoint:
-        message = f"url: {line.get('url')!r} is not this batch's endpoint {endpoint}"
-        return {}, _error("mismatched_endpoint", message, "url")
+    if line.get("url") not in ENDPOINTS:
+        message = f"url: {line.get('url')!r} is not a batch endpoint ({', '.join(ENDPOINTS)})"
+        return {}, _error("invalid_url", message, "url")
     if not isinstance(line.get("body"), dict):
         return {}, _error("invalid_request", "body: expected a JSON object", "body")
     return line, None

@@ -1,6 +1,6 @@
 """The Batches API through the unmodified OpenAI SDK in-process, with a batch runner on
-the test database: a JSONL of chat lines (a few invalid) and one of embeddings run to
-`completed`, their output bodies equal to the same requests sent directly (greedy), the
+the test database: a JSONL of chat and embeddings lines (a few invalid) runs to
+`completed`, its output bodies equal to the same requests sent directly (greedy), the
 invalid lines in the error file by custom_id; bad input fails the batch up front; another
 key can neither see, read nor cancel; a runner stopped mid-batch and a new one started
 finish it with every custom_id exactly once; cancel keeps what finished."""
@@ -76,16 +76,18 @@ def blank(body: dict) -> dict:
     return body
 
 
-async def test_a_chat_batch_answers_as_the_direct_requests_and_lists_bad_lines(
+async def test_a_mixed_batch_answers_as_the_direct_requests_and_lists_bad_lines(
     app, files_dir, runner
 ):
     key = await new_key("a")
     client = sdk(app, key)
     good = [line(f"q{i}", chat_body(q)) for i, q in enumerate(QUESTIONS)]
+    good += [line(f"e{i}", {"input": q}, EMBED) for i, q in enumerate(QUESTIONS)]
     bad = [
         line("bad-temp", chat_body("hi", temperature="hot")),
         line("bad-messages", {"messages": "nope"}),
         line("bad-stream", chat_body("hi", stream=True)),
+        line("bad-input", {"input": 5}, EMBED),
     ]
     source = await client.files.create(file=("in.jsonl", jsonl(good + bad)), purpose="batch")
     runner()
@@ -95,54 +97,26 @@ async def test_a_chat_batch_answers_as_the_direct_requests_and_lists_bad_lines(
     assert made.status == "validating" and made.metadata == {"job": "t"}
     done = await wait_for(client, made.id)
     assert done.status == "completed", done
-    assert (done.request_counts.total, done.request_counts.completed) == (6, 3)
-    assert done.request_counts.failed == 3
-    output = [
-        json.loads(x) for x in (await client.files.content(done.output_file_id)).text.splitlines()
-    ]
-    errors = [
-        json.loads(x) for x in (await client.files.content(done.error_file_id)).text.splitlines()
-    ]
-    assert sorted(o["custom_id"] for o in output) == ["q0", "q1", "q2"]
+    counts = done.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (10, 6, 4)
+    output = await lines_of(client, done.output_file_id)
+    errors = await lines_of(client, done.error_file_id)
     assert sorted(e["custom_id"] for e in errors) == sorted(b["custom_id"] for b in bad)
     assert {e["response"]["status_code"] for e in errors} == {400}
+    by_id = {x["custom_id"]: x for x in good}
+    assert sorted(o["custom_id"] for o in output) == sorted(by_id)
     for out in output:
         assert out["response"]["status_code"] == 200 and out["error"] is None
+        sent = by_id[out["custom_id"]]
         direct = await raw_call(
-            app,
-            "POST",
-            CHAT,
-            body=good[int(out["custom_id"][1:])]["body"],
-            headers=bearer(key),
-            timeout=300,
+            app, "POST", sent["url"], body=sent["body"], headers=bearer(key), timeout=300
         )
         assert blank(out["response"]["body"]) == blank(direct.json())
 
 
-async def test_an_embeddings_batch_equals_direct_embeddings(app, files_dir, runner):
-    key = await new_key("a")
-    client = sdk(app, key)
-    lines = [line(f"e{i}", {"input": q}, EMBED) for i, q in enumerate(QUESTIONS)]
-    source = await client.files.create(file=("e.jsonl", jsonl(lines)), purpose="batch")
-    runner()
-    made = await client.batches.create(
-        input_file_id=source.id, endpoint=EMBED, completion_window="24h"
-    )
-    done = await wait_for(client, made.id)
-    assert done.status == "completed" and done.error_file_id is None
-    output = [
-        json.loads(x) for x in (await client.files.content(done.output_file_id)).text.splitlines()
-    ]
-    for out in output:
-        direct = await raw_call(
-            app,
-            "POST",
-            EMBED,
-            body=lines[int(out["custom_id"][1:])]["body"],
-            headers=bearer(key),
-            timeout=300,
-        )
-        assert out["response"]["body"] == direct.json()
+async def lines_of(client, file_id: str) -> list[dict]:
+    text = (await client.files.content(file_id)).text
+    return [json.loads(x) for x in text.splitlines()]
 
 
 @pytest.mark.parametrize(
@@ -150,7 +124,7 @@ async def test_an_embeddings_batch_equals_direct_embeddings(app, files_dir, runn
     [
         ([b"{not json"], "invalid_json_line"),
         ([line("a", chat_body("x")), line("a", chat_body("y"))], "duplicate_custom_id"),
-        ([line("a", {"input": "x"}, EMBED)], "mismatched_endpoint"),
+        ([line("a", {"input": "x"}, "/v1/moderations")], "invalid_url"),
         ([line("a", chat_body("x", model="no-such-model"))], "model_not_found"),
         ([{"custom_id": "a", "method": "GET", "url": CHAT, "body": {}}], "invalid_method"),
     ],
