@@ -64,7 +64,8 @@ def test_a_killed_server_finishes_the_batch_after_restart_with_no_line_twice(
         client = openai.OpenAI(api_key="none", base_url=srv.url + "/v1", max_retries=0)
         done = wait(client, batch.id, lambda b: b.status in ("completed", "failed"))
         assert done.status == "completed", done
-        assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
+        errors = client.files.content(done.error_file_id).text if done.error_file_id else ""
+        assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0), errors
         output = client.files.content(done.output_file_id).text.splitlines()
         ids = [json.loads(line)["custom_id"] for line in output]
         assert sorted(ids) == sorted(f"k{i}" for i in range(LINES))

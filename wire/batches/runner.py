@@ -1,7 +1,9 @@
 """The batch runner: a thread of the server process with its own event loop that moves
 batches through OpenAI's states and runs their lines, a few at a time
 (PANTHEON_BATCH_CONCURRENCY, all batches together), each through dispatch.run_line in
-the `batch` priority class.
+the `batch` priority class. Nothing starts while no model is served (a restart still
+loading) or the server drains; a line answered 429 or 503 is not an error line but
+pending again, tried after a pause.
 
 Durable: a line is claimed (running) before it runs and done, with its output line, in
 one transaction after; the output and error files are appended to after that commit.
@@ -24,6 +26,8 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from observability.metrics import BATCH_LINES
+from pantheon_platform import shutdown
+from pantheon_platform.runtime import get_runtime
 from wire.batches import store, validate
 from wire.batches.dispatch import run_line
 from wire.batches.models import (
@@ -43,6 +47,10 @@ log = logging.getLogger("pantheon.batches")
 
 POLL_S = 0.5  # how often the runner looks for new, cancelled or finished batches
 LOCKED_RETRIES = 20
+# Answers that say the server, not the line, could not do it now (busy, no model loaded
+# yet, draining): the line is pending again and lines start again after a pause.
+RETRIED_STATUSES = (429, 503)
+RETRY_PAUSE_S = 1.0
 EXPIRED_MESSAGE = "the batch's completion window ended before this line ran"
 
 _runner: BatchRunner | None = None
@@ -72,11 +80,11 @@ class BatchRunner:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._woken: asyncio.Event | None = None
+        self._paused_until = 0.0  # loop time: no line starts before (a 429 or 503 came)
         # batch id -> {line row id: its task}; the batches whose files this runner has
         # rewritten from the database (once each, when it first sees them in progress).
         self._flying: dict[str, dict[int, asyncio.Task]] = {}
         self._opened: set[str] = set()
-        self.steps = 0  # passes over the active batches (tests wait on it)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="batch-runner", daemon=True)
@@ -114,7 +122,6 @@ class BatchRunner:
                 await self._pass()
             except Exception:
                 log.exception("batches: a runner pass failed")
-            self.steps += 1
             try:
                 await asyncio.wait_for(self._woken.wait(), self.poll_s)
             except TimeoutError:
@@ -126,9 +133,19 @@ class BatchRunner:
         tasks = [t for ts in self._flying.values() for t in ts.values()]
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _ready(self) -> bool:
+        """Whether lines may start now: a model is served, the server is not draining,
+        and no line was just answered busy or unavailable (then after a pause)."""
+        if shutdown.draining() or not get_runtime().services():
+            return False
+        return self._loop.time() >= self._paused_until
+
     async def _pass(self) -> None:
+        ready = self._ready()
         for batch in await db(store.active):
             if batch.status == VALIDATING:
+                if not ready:  # a model named may be loading still
+                    continue
                 await db(validate.validate, batch)
             elif batch.status == CANCELLING:
                 await self._stop_lines(batch.id)
@@ -136,9 +153,9 @@ class BatchRunner:
             elif batch.status == FINALIZING:
                 await self._end(batch.id, COMPLETED)
             elif batch.status == IN_PROGRESS:
-                await self._advance(batch)
+                await self._advance(batch, ready)
 
-    async def _advance(self, batch: Batch) -> None:
+    async def _advance(self, batch: Batch, ready: bool) -> None:
         if batch.id not in self._opened:
             await db(_rewrite_outputs, batch)
             self._opened.add(batch.id)
@@ -152,7 +169,7 @@ class BatchRunner:
             await self._end(batch.id, EXPIRED)
             return
         room = self.concurrency - sum(len(f) for f in self._flying.values())
-        if room > 0:
+        if room > 0 and ready:
             for line_id, url, custom_id, body in await db(store.claim, batch.id, room):
                 task = self._line(batch, line_id, url, custom_id, body)
                 flying[line_id] = asyncio.create_task(task)
@@ -164,6 +181,11 @@ class BatchRunner:
         BATCH_LINES.labels("started").inc()
         try:
             ok, result = await run_line(self._app, url, batch.namespace, custom_id, body)
+            status = (result.get("response") or {}).get("status_code")
+            if status in RETRIED_STATUSES:  # busy, loading, draining: not the line's fault
+                self._paused_until = self._loop.time() + RETRY_PAUSE_S
+                await db(store.unclaim, [line_id])
+                return
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the handler answers errors itself; this is a bug
