@@ -223,3 +223,37 @@ async def test_cancel_stops_the_batch_and_keeps_what_finished(app, files_dir, ru
     assert 1 <= kept < 12 and done.cancelled_at
     output = (await client.files.content(done.output_file_id)).text.splitlines()
     assert len(output) == kept
+
+
+async def test_a_batch_waits_while_no_model_is_served_then_runs(
+    empty_runtime, smollm2_service, files_dir, settings
+):
+    """A restart still loading its model: the batch is not failed, nor its lines."""
+    from django.core.asgi import get_asgi_application
+    from django.core.handlers.asgi import ASGIHandler
+
+    from access import keys
+    from pantheon_site import stack
+    from tests.conftest import SMOLLM2_NAME
+    from wire.batches.runner import BatchRunner
+
+    keys.forget_cache()
+    app = stack.build(get_asgi_application())
+    client = sdk(app, await new_key("a"))
+    source = await client.files.create(
+        file=("in.jsonl", jsonl([line("w", chat_body("hi"))])), purpose="batch"
+    )
+    made = await client.batches.create(
+        input_file_id=source.id, endpoint=CHAT, completion_window="24h"
+    )
+    r = BatchRunner(app=ASGIHandler(), concurrency=1, poll_s=0.05)
+    r.start()
+    try:
+        await asyncio.sleep(1.0)
+        assert (await client.batches.retrieve(made.id)).status == "validating"
+        empty_runtime.register(SMOLLM2_NAME, smollm2_service)
+        done = await wait_for(client, made.id)
+        assert done.status == "completed" and done.request_counts.completed == 1
+    finally:
+        r.stop()
+        keys.forget_cache()
