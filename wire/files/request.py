@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http.multipartparser import MultiPartParserError
 
 from pantheon_platform.errors import ApiError, invalid_request
 
@@ -27,7 +29,15 @@ def parse_upload(request) -> Upload:
     """The multipart form of POST /v1/files (reads the body: call it off the loop)."""
     if not request.content_type.startswith("multipart/form-data"):
         raise invalid_request("send the file as multipart/form-data (fields file, purpose)")
-    purpose = request.POST.get("purpose")
+    try:
+        form, uploads = request.POST, request.FILES
+    except RequestDataTooBig:
+        raise ApiError(
+            413, "the form's fields (other than the file) are too large", "request_too_large"
+        ) from None
+    except (MultiPartParserError, SuspiciousOperation, UnicodeDecodeError, ValueError) as exc:
+        raise invalid_request(f"the multipart form could not be read: {exc}") from None
+    purpose = form.get("purpose")
     if purpose is None:
         raise invalid_request("purpose: this field is required", param="purpose")
     if purpose not in PURPOSES:
@@ -35,7 +45,7 @@ def parse_upload(request) -> Upload:
             f"purpose: {purpose!r} is not supported; expected one of {list(PURPOSES)}",
             param="purpose",
         )
-    upload = request.FILES.get("file")
+    upload = uploads.get("file")
     if upload is None:
         raise invalid_request("file: this field is required (a file part)", param="file")
     if upload.size > settings.PANTHEON_FILES_MAX_BYTES:

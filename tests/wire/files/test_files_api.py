@@ -70,3 +70,10 @@ async def test_a_json_body_is_not_an_upload(app, files_dir):
     key = await new_key("a")
     reply = await raw_call(app, "POST", "/v1/files", body={"purpose": "batch"}, headers=bearer(key))
     reply.error(400, "invalid_request_error")
+
+
+async def test_a_broken_multipart_form_is_a_400(app, files_dir):
+    key = await new_key("a")
+    headers = {**bearer(key), "content-type": "multipart/form-data; boundary=zz"}
+    reply = await raw_call(app, "POST", "/v1/files", body=b"--zz\r\nnot a part", headers=headers)
+    reply.error(400, "invalid_request_error")
