@@ -257,3 +257,20 @@ async def test_a_batch_waits_while_no_model_is_served_then_runs(
     finally:
         r.stop()
         keys.forget_cache()
+
+
+async def test_a_responses_batch_runs_every_line(app, files_dir, runner):
+    """Responses lines share their key's implicit session id: run two at a time, none
+    is refused for it."""
+    client = sdk(app, await new_key("a"))
+    body = {"temperature": 0, "max_output_tokens": 4}
+    lines = [line(f"r{i}", {"input": q, **body}, "/v1/responses") for i, q in enumerate(QUESTIONS)]
+    source = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    runner(concurrency=2)
+    made = await client.batches.create(
+        input_file_id=source.id, endpoint="/v1/responses", completion_window="24h"
+    )
+    done = await wait_for(client, made.id)
+    assert (done.request_counts.completed, done.request_counts.failed) == (3, 0)
+    output = await lines_of(client, done.output_file_id)
+    assert {o["response"]["body"]["object"] for o in output} == {"response"}
