@@ -274,3 +274,35 @@ async def test_a_responses_batch_runs_every_line(app, files_dir, runner):
     assert (done.request_counts.completed, done.request_counts.failed) == (3, 0)
     output = await lines_of(client, done.output_file_id)
     assert {o["response"]["body"]["object"] for o in output} == {"response"}
+
+
+async def test_a_batch_past_its_window_expires_with_its_lines_as_errors(app, files_dir, runner):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.access.helpers import in_db
+    from wire.batches.models import Batch
+
+    client = sdk(app, await new_key("a"))
+    lines = [line(f"x{i}", chat_body("hi")) for i in range(3)]
+    source = await client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
+    made = await client.batches.create(
+        input_file_id=source.id, endpoint=CHAT, completion_window="24h"
+    )
+    past = timezone.now() - timedelta(seconds=1)
+    await in_db(lambda: Batch.objects.filter(id=made.id).update(expires_at=past))
+    runner()
+    done = await wait_for(client, made.id, ("expired",))
+    assert done.expired_at and done.output_file_id is None
+    errors = await lines_of(client, done.error_file_id)
+    assert sorted(e["custom_id"] for e in errors) == ["x0", "x1", "x2"]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+def test_metrics_count_batch_lines_by_state():
+    from observability.metrics import BATCH_LINES, exposition
+
+    BATCH_LINES.labels("completed").inc(0)
+    body, _ = exposition()
+    assert b'pantheon_batch_lines_total{state="completed"}' in body
