@@ -73,7 +73,9 @@ def test_an_interactive_request_takes_a_batch_slot_and_batch_tokens_stay_exact(
 
     async def together():
         started = [asyncio.Event() for _ in batch]
-        tasks = [asyncio.create_task(collect(svc, r, e)) for r, e in zip(batch, started)]
+        tasks = [
+            asyncio.create_task(collect(svc, r, e)) for r, e in zip(batch, started, strict=True)
+        ]
         await asyncio.gather(*(e.wait() for e in started))  # every slot decodes batch work
         live = GenerationRequest(
             "live", prompt(svc, "Hi"), SamplingParams(temperature=0, max_tokens=3)
