@@ -67,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "peek_gguf": "engine.loading.gguf_open",
     # serving: the per-model service and its session table
     "FALLBACK_PREFILL_TOK_PER_S": "engine.serving.admission",
+    "WORK_OWNER": "engine.serving.jobs",
     "ModelService": "engine.serving.service",
     "OPEN": "engine.serving.session_key",
     "SessionKey": "engine.serving.session_key",

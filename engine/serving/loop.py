@@ -50,6 +50,7 @@ log = logging.getLogger("pantheon.engine.service")
 MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the ladder
 IDLE_WAIT_S = 0.25  # an idle engine thread still wakes this often (queue timeouts, ladder)
 SESSION_REAP_S = 1.0  # how often the engine thread drops idle sessions
+JOB_MAX_SKIPS = 3  # a side job yields to prompt prefills at most this many steps in a row
 
 
 @dataclass(eq=False)
@@ -164,6 +165,7 @@ class EngineLoop:
         # Jobs beside generation (embeddings, prompt scoring): run one step each engine
         # iteration, first come first served (submit).
         self.jobs = JobQueue(name, self.lock)
+        self._job_skips = 0  # iterations in a row whose job step yielded to a prefill
         self.thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
     def start(self) -> None:
@@ -231,7 +233,7 @@ class EngineLoop:
             freed = self.scheduler.pop_freed_slots()
         self.keeper.release_freed(freed)
         self._deliver(refused)
-        if self.jobs.advance():
+        if self._job_turn(batch) and self.jobs.advance():
             self._trim_due = True
             if batch.empty:
                 return
@@ -257,6 +259,16 @@ class EngineLoop:
             events = self.scheduler.update(batch, sampled)
         self._deliver_step(batch, events)
         self._forget_closed()
+
+    def _job_turn(self, batch: Batch) -> bool:
+        """Whether a side job (jobs.py) steps this iteration: not while a prompt is
+        prefilled (a first token waits on this step), but at least once every
+        JOB_MAX_SKIPS + 1 iterations, so a stream of new prompts never stalls the jobs."""
+        if batch.prefill and self._job_skips < JOB_MAX_SKIPS:
+            self._job_skips += 1
+            return False
+        self._job_skips = 0
+        return True
 
     def _draft_rooms(self, seq_ids) -> dict[int, int]:
         with self.lock:

@@ -204,16 +204,17 @@ async def _embed(request: HttpRequest, *, legacy: bool) -> HttpResponse:
     vectors = await asyncio.wrap_future(svc.embed(lists)) if lists else []
     clock.mark_end()
     if legacy:
-        return json_response({"embedding": vectors[0].tolist() if len(vectors) else []})
-    return json_response(
-        {
+        body = lambda: {"embedding": vectors[0].tolist() if len(vectors) else []}  # noqa: E731
+    else:
+        body = lambda: {  # noqa: E731
             "model": parsed.model,
             "embeddings": [v.tolist() for v in vectors],
             "total_duration": clock.end - clock.start,
             "load_duration": clock.ready - clock.start,
             "prompt_eval_count": sum(len(ids) for ids in lists),
         }
-    )
+    # Off the event loop: a large batch's vectors are megabytes of JSON.
+    return await asyncio.to_thread(lambda: json_response(body()))
 
 
 def _token_lists(svc, parsed: parse.EmbedRequest) -> list[list[int]]:
