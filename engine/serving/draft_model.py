@@ -52,9 +52,10 @@ def vocabulary(gf: GGUFFile) -> tuple[int, str]:
 
 def load_draft(config: ModelConfig, target: GGUFFile) -> DraftModel | None:
     """The draft `config.draft_model` names, loaded beside `target` (same backend, its
-    last die), or None without one. Raises IncompatibleDraftModel when its vocabulary
-    differs from the target's or its architecture is not one the engine runs."""
-    if not config.draft_model:
+    last die), or None without one or with speculation off. Raises IncompatibleDraftModel
+    when its vocabulary differs from the target's or its architecture is not one the
+    engine runs."""
+    if not config.draft_model or config.speculation == "off":
         return None
     draft_config = replace(
         config,
