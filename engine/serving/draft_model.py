@@ -77,6 +77,9 @@ def load_draft(config: ModelConfig, target: GGUFFile) -> DraftModel | None:
             f"the model's: {mine[0]} tokens, sha256 {mine[1][:12]}); a draft model must "
             "share the served model's tokens"
         )
+    log.info(
+        "%s: draft model %s (%s)", config.name, loaded.gguf.path.name, loaded.gguf.architecture
+    )
     return DraftModel(loaded.model, str(loaded.gguf.path), loaded.gguf.architecture)
 
 
