@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "ModelConfig": "engine.types",
     "ModelLoadError": "engine.types",
     "UnsupportedArchitecture": "engine.types",
+    "IncompatibleDraftModel": "engine.types",
     "NONPOSITIVE_MAX_TOKENS": "engine.types",
     "SamplingParams": "engine.types",
     "ServerBusy": "engine.types",

@@ -264,6 +264,12 @@ class LoadFileForm(forms.Form):
         help_text="A Jinja chat template, or a file under the model folders. "
         "Empty: the GGUF's own template.",
     )
+    draft_model = forms.CharField(
+        required=False,
+        max_length=4096,
+        help_text="Speculation: a GGUF with this model's vocabulary, under the model "
+        "folders. Empty: none.",
+    )
     pinned = forms.BooleanField(required=False)
 
     def __init__(self, *args, choices: list[dict], **kwargs):

@@ -77,8 +77,24 @@ _INSTANCE = obj(
                     **nullable({"type": "number", "minimum": 0, "maximum": 1}),
                     "description": "accepted / drafted since the load; null before any draft",
                 },
+                "draft_model": nullable(
+                    obj(
+                        {
+                            "path": STRING,
+                            "architecture": STRING,
+                            "drafted_tokens": NON_NEGATIVE,
+                            "accepted_tokens": NON_NEGATIVE,
+                            "acceptance_rate": nullable(
+                                {"type": "number", "minimum": 0, "maximum": 1}
+                            ),
+                        },
+                        ("path", "architecture", "drafted_tokens", "accepted_tokens"),
+                        description="The draft model (the draft_model load option): its "
+                        "share of the drafts; null without one.",
+                    )
+                ),
             },
-            ("mode", "drafted_tokens", "accepted_tokens", "acceptance_rate"),
+            ("mode", "drafted_tokens", "accepted_tokens", "acceptance_rate", "draft_model"),
             description="Exact speculative decoding (PANTHEON_SPECULATION).",
         ),
         "graphs": obj(

@@ -36,6 +36,7 @@ from ..types import (
 )
 from .admission import retry_after_s
 from .batch import REFUSED_MEMORY, Batch, Finished, Refused, Sampled, Started
+from .draft_model import DraftModel, DraftSlots
 from .jobs import JobQueue
 from .memory import MemoryLadder
 from .runner import Runner
@@ -96,6 +97,8 @@ class EngineStats:
     # tokens proposed for verification, and those verified and emitted.
     drafted_tokens: int = 0
     accepted_draft_tokens: int = 0
+    model_drafted_tokens: int = 0  # of those, the draft model's (serving/draft_model.py)
+    model_accepted_tokens: int = 0
 
 
 class EngineLoop:
@@ -114,6 +117,7 @@ class EngineLoop:
         *,
         slots: int,
         window: int,
+        draft: DraftModel | None = None,
     ):
         self.name = name
         self.tokenizer = tokenizer
@@ -141,7 +145,10 @@ class EngineLoop:
         )
         self.runner = Runner(model, kv)
         self.speculator = Speculator(
-            config.speculation, config.spec_max_draft, tokenizer.end_of_turn_ids
+            config.speculation,
+            config.spec_max_draft,
+            tokenizer.end_of_turn_ids,
+            DraftSlots.of(draft, config.speculation, tokenizer, slots, window),
         )
         self.sessions = SessionTable(
             config.max_sessions,
