@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pantheon_platform.model_files import discovery_dirs, discovery_enabled
+from pantheon_platform.model_files import allowed_model_path, discovery_dirs, discovery_enabled
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_REGISTRY = "registry.ollama.ai"
@@ -93,6 +93,10 @@ def checked(name: str, source: str, path: Path, digest: str = "") -> FoundModel:
     except OSError as exc:
         return FoundModel(name, source, path, digest=digest, error=f"cannot read {path}: {exc}")
     error = "" if magic == GGUF_MAGIC else f"not a GGUF file (starts with {magic!r})"
+    try:
+        allowed_model_path(str(path))
+    except PermissionError as exc:  # a symlink out of the stores and the model folders
+        error = str(exc)
     if not error and (part := _SPLIT_PART.search(path.name.removesuffix(".gguf"))):
         error = f"part 1 of a {int(part.group(2))}-part split GGUF: load a single-file GGUF"
     return FoundModel(name, source, path, st.st_size, st.st_mtime, digest, error)
