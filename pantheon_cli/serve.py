@@ -119,16 +119,14 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def manage(argv: list[str], data_dir: str | None = None) -> int:
+def manage(argv: list[str]) -> int:
     """A Django management command (`manage.py` is not in an installed wheel)."""
-    if data_dir:
-        os.environ["PANTHEON_DATA_DIR"] = str(Path(data_dir).expanduser().resolve())
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pantheon_site.settings")
     from django.core.management import execute_from_command_line
 
     if argv[:1] == ["createsuperuser"]:
-        execute_from_command_line(["pantheon", "migrate", "--noinput", "-v", "0"])
-    execute_from_command_line(["pantheon", *argv])
+        execute_from_command_line(["pantheon manage", "migrate", "--noinput", "-v", "0"])
+    execute_from_command_line(["pantheon manage", *argv])
     return 0
 
 
