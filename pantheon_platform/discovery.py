@@ -50,19 +50,28 @@ class FoundModel:
 
 def discovered() -> list[FoundModel]:
     """Every model found in the stores (none when discovery is off), one per name (the
-    first store listing a name keeps it), by name."""
+    first store listing a name keeps it), by name. A scan is reused for SCAN_REUSE_S:
+    a request naming an unknown model does not walk the stores each time."""
+    global _last_scan
     if not discovery_enabled():
         return []
+    stores = tuple((source, tuple(discovery_dirs(source))) for source, _ in SCANS)
+    now = time.monotonic()
+    last = _last_scan
+    if last is not None and last[1] == stores and now - last[0] < SCAN_REUSE_S:
+        return list(last[2])
     found: dict[str, FoundModel] = {}
-    for source, scan in (
-        ("ollama", ollama_models),
-        ("lmstudio", lmstudio_models),
-        ("huggingface", hf_models),
-    ):
-        for root in discovery_dirs(source):
+    for (_, scan), (_, roots) in zip(SCANS, stores, strict=True):
+        for root in roots:
             for model in _safely(scan, root):
                 found.setdefault(model.name, model)
-    return sorted(found.values(), key=lambda m: m.name)
+    models = sorted(found.values(), key=lambda m: m.name)
+    _last_scan = (now, stores, tuple(models))
+    return models
+
+
+SCAN_REUSE_S = 2.0
+_last_scan: tuple[float, tuple, tuple[FoundModel, ...]] | None = None
 
 
 def find(model: str | None) -> FoundModel | None:
@@ -183,6 +192,9 @@ def _is_model_file(path: Path) -> bool:
         return False
     part = _SPLIT_PART.search(path.name.removesuffix(".gguf"))
     return part is None or int(part.group(1)) == 1
+
+
+SCANS = (("ollama", ollama_models), ("lmstudio", lmstudio_models), ("huggingface", hf_models))
 
 
 # --- loading on request --------------------------------------------------------------------
