@@ -122,15 +122,16 @@ class PromptBuilder:
 
 def droppable_turns(messages: list[dict]) -> tuple[list[dict], list[list[dict]], list[dict]]:
     """(the leading system / developer messages, the turns truncation may drop, oldest
-    first, and the messages from the latest user message on). A turn starts at a user
-    message and holds what answers it (assistant messages, tool results), so a tool call
-    never loses its result."""
+    first, and the messages from the latest user message on: at least the last message,
+    so something is always left to answer). A turn starts at a user message and holds
+    what answers it (assistant messages, tool results), so a tool call never loses its
+    result."""
     start = 0
     while start < len(messages) and messages[start].get("role") in ("system", "developer"):
         start += 1
     last_user = max(
         (i for i in range(start, len(messages)) if messages[i].get("role") == "user"),
-        default=len(messages),
+        default=max(start, len(messages) - 1),
     )
     turns: list[list[dict]] = []
     for message in messages[start:last_user]:

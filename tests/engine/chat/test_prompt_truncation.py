@@ -42,6 +42,12 @@ def test_turns_start_at_user_messages_and_keep_tool_results():
     assert tail == messages[6:]  # the latest user message and what answers it so far
 
 
+def test_without_a_user_message_the_last_message_stays():
+    said = [{"role": "assistant", "content": str(i)} for i in range(3)]
+    head, turns, tail = droppable_turns([SYSTEM, *said])
+    assert (head, turns, tail) == ([SYSTEM], [said[:2]], said[2:])
+
+
 def test_nothing_droppable_without_an_earlier_turn():
     head, turns, tail = droppable_turns([SYSTEM, {"role": "user", "content": "x"}])
     assert (head, turns, tail) == ([SYSTEM], [], [{"role": "user", "content": "x"}])
