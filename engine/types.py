@@ -139,6 +139,8 @@ class GenerationRequest:
     # Predicted Outputs), drafted from first. Neither ever changes the tokens generated.
     speculation: str = "auto"
     prediction: tuple[int, ...] = ()
+    # Messages truncation "auto" dropped from the conversation (reported in Usage).
+    truncated_messages: int = 0
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,8 @@ class Usage:
     # proposed but rejected (OpenAI's completion_tokens_details).
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # Messages dropped from the start of the conversation to fit (truncation "auto").
+    truncated_messages: int = 0
 
     @property
     def total_tokens(self) -> int:

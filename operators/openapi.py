@@ -150,6 +150,12 @@ _AVAILABLE = obj(
         "error": {"type": "string", "description": "Present when the file cannot be read."},
         "loaded": BOOL,
         "loaded_as": {"type": "array", "items": STRING},
+        "source": {
+            "type": "string",
+            "enum": ["ollama", "lmstudio", "huggingface"],
+            "description": "A model already on disk (PANTHEON_DISCOVER): whose store; "
+            "`name` is the name it serves under.",
+        },
     },
     ("path", "name", "size_bytes", "loaded", "loaded_as"),
 )

@@ -33,6 +33,7 @@ from engine import (
     run_turn,
 )
 from pantheon_platform import live_settings, tenancy
+from pantheon_platform.discovery import load_if_discovered
 from pantheon_platform.errors import ApiError
 from pantheon_platform.fair_pool import FairPool
 from pantheon_platform.metering import TurnRecord, metered, note_turn
@@ -142,6 +143,7 @@ async def start_turn(
     `deadline`, and hand back its (not yet started) event stream. Raises the runtime's
     ModelNotFound / NoModelsLoaded, ApiError (429/413 from the prepare pool),
     InvalidTurn and ContextOverBudget."""
+    await load_if_discovered(model)  # a model on disk (PANTHEON_DISCOVER) loads on first use
     name, svc = get_runtime().resolve(model)
     # In the caller's key's namespace: another key's session of that id is not reached.
     key = tenancy.session_key(request, session_id)

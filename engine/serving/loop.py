@@ -397,6 +397,7 @@ class EngineLoop:
             reasoning_tokens=ch.out.reasoning_tokens,
             accepted_prediction_tokens=ch.drafter.accepted_prediction if ch.drafter else 0,
             rejected_prediction_tokens=ch.drafter.rejected_prediction if ch.drafter else 0,
+            truncated_messages=ch.req.request.truncated_messages,
         )
         finish = FinishEvent(
             finish_reason=reason,

@@ -32,6 +32,7 @@ from pantheon_platform.strict_json import (
     StrictCharField,
     StrictFloatField,
     StrictIntegerField,
+    TruncationField,
     invalid_errors,
     parse_json_object,
 )
@@ -244,6 +245,7 @@ class ChatCompletionRequest(serializers.Serializer):
     # Speculative decoding: drafts never change the answer (wire/openai_chat/prediction.py).
     prediction = PredictionField()
     speculation = SpeculationField()
+    truncation = TruncationField()
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
     session_id = StrictCharField(
         required=False,
