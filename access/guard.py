@@ -38,6 +38,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from access import keys
+from engine import WORK_OWNER
 from pantheon_platform import routes
 
 log = logging.getLogger("pantheon.http")
@@ -75,6 +76,12 @@ class AccessGuard:
             return await refuse(send, refusal, scope.get("path", ""))
         scope[NAMESPACE_KEY] = namespace_for(scope, principal)  # in place, before routing
         scope[OPERATOR_KEY] = is_operator(scope, principal)
+        # Whom this request's work is for: the unit of fairness of the prepare pool and
+        # the engine's side jobs (engine.WORK_OWNER). Without keys, each client address.
+        owner = scope[NAMESPACE_KEY]
+        if principal is None:
+            owner = f"{owner}@{(scope.get('client') or ('', 0))[0]}"
+        WORK_OWNER.set(owner)  # this request's task only (the context is per task)
         if principal is None:
             return await self.app(scope, receive, send)
         scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it

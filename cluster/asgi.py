@@ -5,10 +5,12 @@ canonical path, access log, the key guard, body limits)."""
 
 from __future__ import annotations
 
+from cluster import restore_limit
 from cluster.dispatch import Dispatcher, is_forwarded
 
 
 def router_app(django_app):
+    restore_limit.install()
     dispatcher = Dispatcher()
 
     async def app(scope, receive, send):

@@ -13,6 +13,7 @@ when a turn with it succeeds there; a stored response's (/v1/responses) when it 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import re
@@ -28,6 +29,7 @@ from cluster import placement
 from cluster.registry import Instance, get_registry, registry_unavailable
 from pantheon_platform import tenancy
 from pantheon_platform.errors import ApiError, send_asgi_error
+from pantheon_platform.json_blob import BodyTooLarge, split_field
 
 log = logging.getLogger("pantheon.cluster")
 
@@ -141,7 +143,7 @@ class Dispatcher:
         if body is None:
             return  # the client left before sending its body
         try:
-            target = Target(scope, await _json_object(body))
+            target = Target(scope, await _json_object(body, skip_blob=path == "/session/restore"))
             await self.forward(scope, receive, send, body, target)
         except redis.RedisError as exc:
             error = registry_unavailable(exc)
@@ -301,19 +303,33 @@ async def _disconnected(receive) -> None:
         pass
 
 
-async def _json_object(body: bytes) -> dict:
+async def _json_object(body: bytes, skip_blob: bool = False) -> dict:
     """The body as a JSON object for routing, {} when it is not one (the instance answers
-    the 400 in its wire format)."""
+    the 400 in its wire format). A restore's blob (most of its body) is skipped, not
+    parsed: routing needs only its session id and model."""
     if not body.strip():
         return {}
+    parse = _without_blob if skip_blob else json.loads
     try:
         if len(body) > PARSE_OFF_LOOP_BYTES:
-            data = await asyncio.to_thread(json.loads, body)
+            data = await asyncio.to_thread(parse, body)
         else:
-            data = json.loads(body)
+            data = parse(body)
     except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _without_blob(body: bytes):
+    try:
+        rest = split_field(io.BytesIO(body).read, b"blob", len(body), _ignore, _ignore)
+    except BodyTooLarge:  # more than 16 MiB besides the blob: the instance refuses it
+        return {}
+    return json.loads(rest)
+
+
+def _ignore(*_) -> None:
+    pass
 
 
 def _first_string(values: list) -> str | None:

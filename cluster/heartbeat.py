@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
-from pantheon_platform import shutdown
+from pantheon_platform import routes, shutdown
 from pantheon_platform.runtime import get_runtime
 
 log = logging.getLogger("pantheon.cluster")
@@ -95,6 +95,7 @@ class Heartbeat(threading.Thread):
             "models": models,
             "aliases": get_runtime().aliases(),
             "sessions": sessions,
+            "restore_max_bytes": routes.restore_body_limit(),
         }
 
     def run(self) -> None:

@@ -93,9 +93,10 @@ def pantheon_env(data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def start_daphne(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
-    """`manage.py migrate`, then Daphne on 127.0.0.1:`port` (its output in `log`)."""
+    """`manage.py migrate` (as `python -m django`: an installed wheel has no manage.py),
+    then Daphne on 127.0.0.1:`port` (its output in `log`)."""
     subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
         cwd=REPO_ROOT,
         env=env,
         check=True,
@@ -119,12 +120,12 @@ def start_daphne(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--router-port", type=int, default=8000)
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT / "var" / "cluster")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     binary = find_redis_server()
     if binary is None:
         print(NO_REDIS, file=sys.stderr)

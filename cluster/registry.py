@@ -61,6 +61,7 @@ class Instance:
     sessions: tuple[dict, ...] = ()  # {"session_id", "namespace", "model", "tokens"}
     stopping: bool = False  # the instance itself is shutting down
     draining: bool = False  # a router drained it
+    restore_max_bytes: int = 0  # its /session/restore body limit (0: not reported)
 
     @property
     def routable(self) -> bool:
@@ -81,6 +82,7 @@ class Instance:
             "sessions": list(self.sessions),
             "stopping": self.stopping,
             "draining": self.draining,
+            "restore_max_bytes": self.restore_max_bytes,
         }
 
 
@@ -123,6 +125,7 @@ def instance_from_json(doc: dict, draining: bool = False) -> Instance:
         sessions=tuple(doc.get("sessions") or ()),
         stopping=bool(doc.get("stopping")),
         draining=draining,
+        restore_max_bytes=int(doc.get("restore_max_bytes") or 0),
     )
 
 

@@ -2,14 +2,16 @@
 router before it reaches Redis (a malformed report is a 400, never a 500):
 
 {"id": "127.0.0.1:8001", "url": "http://127.0.0.1:8001", "started_at": 1720000000.0,
- "stopping": false,
+ "stopping": false, "restore_max_bytes": 67108864,
  "models": [{"id": "smollm2-135m-instruct", "context_window": 8192, "max_concurrent": 4,
              "free_slots": 3, "queue_depth": 0, "queue_capacity": 32, "sessions": 1,
              "weights_version": "..."}],
  "aliases": {"alias": "served name"},
  "sessions": [{"session_id": "s1", "namespace": "open", "model": "...", "tokens": 42}]}
 
-`context_window` may be left out (not known): the router's /v1/models then omits the
+`restore_max_bytes` is the instance's /session/restore body limit (it grows with its
+models' KV size): the router answers 413 past the largest one any instance reports, so a
+blob an instance takes is never refused on the way. `context_window` may be left out (not known): the router's /v1/models then omits the
 model's window (the contract). `sessions` lists the parked sessions a drain moves.
 """
 
@@ -52,6 +54,7 @@ def parse_report(body: dict) -> dict:
         "models": [_model(m, i) for i, m in enumerate(models)],
         "aliases": aliases,
         "sessions": [_session(s, i) for i, s in enumerate(sessions)],
+        "restore_max_bytes": _byte_count(body.get("restore_max_bytes", 0), "restore_max_bytes"),
     }
 
 
@@ -94,6 +97,12 @@ def _string(obj: dict, name: str, limit: int, where: str = "") -> str:
 def _count(value: object, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
         raise invalid_request(f"{where}: expected an integer >= 0")
+    return value
+
+
+def _byte_count(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**53:
+        raise invalid_request(f"{where}: expected an integer number of bytes >= 0")
     return value
 
 

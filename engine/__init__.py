@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "ModelConfig": "engine.types",
     "ModelLoadError": "engine.types",
     "UnsupportedArchitecture": "engine.types",
+    "IncompatibleDraftModel": "engine.types",
     "NONPOSITIVE_MAX_TOKENS": "engine.types",
     "SamplingParams": "engine.types",
     "ServerBusy": "engine.types",
@@ -67,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "peek_gguf": "engine.loading.gguf_open",
     # serving: the per-model service and its session table
     "FALLBACK_PREFILL_TOK_PER_S": "engine.serving.admission",
+    "WORK_OWNER": "engine.serving.jobs",
     "ModelService": "engine.serving.service",
     "OPEN": "engine.serving.session_key",
     "SessionKey": "engine.serving.session_key",

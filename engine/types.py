@@ -73,6 +73,10 @@ class ModelConfig:
     # row at B = 2, ~1.8x at 4, ~10x at 9 on a 2-core host: short drafts pay).
     speculation: str = "auto"
     spec_max_draft: int = 3
+    # A draft model for speculation (serving/draft_model.py): a GGUF with this model's
+    # vocabulary, run greedily a few tokens ahead where the context and a prediction
+    # draft nothing ("" = none; the `draft_model` load option).
+    draft_model: str = ""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,8 @@ class GenerationRequest:
     # Priority class (serving/priority.py): "interactive" or "batch" (Batches API lines,
     # or a request that asked for it): batch work yields its slots to interactive work.
     priority: str = "interactive"
+    # Messages truncation "auto" dropped from the conversation (reported in Usage).
+    truncated_messages: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,8 @@ class Usage:
     # proposed but rejected (OpenAI's completion_tokens_details).
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # Messages dropped from the start of the conversation to fit (truncation "auto").
+    truncated_messages: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -262,6 +270,11 @@ class ModelLoadError(EngineError):
 class UnsupportedArchitecture(ModelLoadError):
     """The GGUF's `general.architecture` is not one this engine implements; the message
     names it and the supported ones (the server answers 400, not 500)."""
+
+
+class IncompatibleDraftModel(ModelLoadError):
+    """A `draft_model` that cannot draft for its model (another vocabulary, or an
+    architecture the engine does not run); the server answers 400 naming why."""
 
 
 # --- sessions --------------------------------------------------------------------------

@@ -71,6 +71,17 @@ PER_MODEL_COUNTERS = (
         "Drafted tokens the verify pass confirmed: emitted without a decode step of their own.",
         lambda svc: svc.stats.accepted_draft_tokens,
     ),
+    (
+        "pantheon_speculative_draft_model_tokens",
+        "Of the drafted tokens, those the model's draft model (the draft_model load "
+        "option) proposed.",
+        lambda svc: svc.stats.model_drafted_tokens,
+    ),
+    (
+        "pantheon_speculative_draft_model_accepted_tokens",
+        "Of the accepted tokens, those the model's draft model proposed.",
+        lambda svc: svc.stats.model_accepted_tokens,
+    ),
 )
 
 

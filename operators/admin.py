@@ -222,6 +222,9 @@ class ServedModelAdmin(admin.ModelAdmin):
         form = LoadFileForm(request.POST or None, choices=available)
         if request.method == "POST" and form.is_valid():
             data = {**form.cleaned_data, "path": form.cleaned_data["file"]}
+            if not data.get("name"):  # a model on disk: its store's name, not its blob's
+                found = [r for r in available if r["path"] == data["path"] and "source" in r]
+                data["name"] = found[0]["name"] if found else data.get("name")
             try:
                 info = get_runtime().load(load_spec(data))
             except OperatorError as exc:
@@ -264,6 +267,12 @@ class LoadFileForm(forms.Form):
         help_text="A Jinja chat template, or a file under the model folders. "
         "Empty: the GGUF's own template.",
     )
+    draft_model = forms.CharField(
+        required=False,
+        max_length=4096,
+        help_text="Speculation: a GGUF with this model's vocabulary, under the model "
+        "folders. Empty: none.",
+    )
     pinned = forms.BooleanField(required=False)
 
     def __init__(self, *args, choices: list[dict], **kwargs):
@@ -280,7 +289,8 @@ def _file_label(row: dict) -> str:
     details.append(_bytes(row["size_bytes"]))
     if row["loaded"]:
         details.append("loaded as " + ", ".join(row["loaded_as"]))
-    return f"{row['path']} ({', '.join(d for d in details if d)})"
+    where = f"{row['name']} from {row['source']}: " if "source" in row else ""
+    return f"{where}{row['path']} ({', '.join(d for d in details if d)})"
 
 
 class AliasForm(forms.ModelForm):

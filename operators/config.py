@@ -79,8 +79,9 @@ READ_ONLY = (
         "speculation",
         "PANTHEON_SPECULATION",
         _engine("speculation"),
-        "Exact speculative decoding: auto drafts tokens (from the context and a request's "
-        "prediction) and verifies them in one pass, the same tokens; off never drafts.",
+        "Exact speculative decoding: auto drafts tokens (from the context, a request's "
+        "prediction and a model's draft_model) and verifies them in one pass, the same "
+        "tokens; off never drafts.",
     ),
     (
         "weight_cache",

@@ -32,6 +32,13 @@ class ServedModel(models.Model):
         default="",
         help_text="Embeddings: mean, last, cls (empty: default).",
     )
+    draft_model = models.CharField(
+        max_length=4096,
+        blank=True,
+        default="",
+        help_text="Speculation: a GGUF with the same vocabulary, inside a model folder "
+        "(empty: none).",
+    )
     pinned = models.BooleanField(default=False, help_text="Never evicted to make room.")
     should_load = models.BooleanField(
         default=False, help_text="Loaded when the server stops, so loaded again at start."

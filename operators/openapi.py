@@ -77,8 +77,24 @@ _INSTANCE = obj(
                     **nullable({"type": "number", "minimum": 0, "maximum": 1}),
                     "description": "accepted / drafted since the load; null before any draft",
                 },
+                "draft_model": nullable(
+                    obj(
+                        {
+                            "path": STRING,
+                            "architecture": STRING,
+                            "drafted_tokens": NON_NEGATIVE,
+                            "accepted_tokens": NON_NEGATIVE,
+                            "acceptance_rate": nullable(
+                                {"type": "number", "minimum": 0, "maximum": 1}
+                            ),
+                        },
+                        ("path", "architecture", "drafted_tokens", "accepted_tokens"),
+                        description="The draft model (the draft_model load option): its "
+                        "share of the drafts; null without one.",
+                    )
+                ),
             },
-            ("mode", "drafted_tokens", "accepted_tokens", "acceptance_rate"),
+            ("mode", "drafted_tokens", "accepted_tokens", "acceptance_rate", "draft_model"),
             description="Exact speculative decoding (PANTHEON_SPECULATION).",
         ),
         "graphs": obj(
@@ -134,6 +150,12 @@ _AVAILABLE = obj(
         "error": {"type": "string", "description": "Present when the file cannot be read."},
         "loaded": BOOL,
         "loaded_as": {"type": "array", "items": STRING},
+        "source": {
+            "type": "string",
+            "enum": ["ollama", "lmstudio", "huggingface"],
+            "description": "A model already on disk (PANTHEON_DISCOVER): whose store; "
+            "`name` is the name it serves under.",
+        },
     },
     ("path", "name", "size_bytes", "loaded", "loaded_as"),
 )

@@ -64,13 +64,25 @@ def speculation_json(svc) -> dict:
     """Exact speculative decoding on this instance: its mode (PANTHEON_SPECULATION), the
     tokens drafted and accepted since it loaded (the pantheon_speculative_* counters), and
     the acceptance rate (accepted / drafted; null before anything was drafted)."""
-    drafted, accepted = svc.stats.drafted_tokens, svc.stats.accepted_draft_tokens
-    return {
+    stats = svc.stats
+    drafted, accepted = stats.drafted_tokens, stats.accepted_draft_tokens
+    out = {
         "mode": svc.config.speculation,
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "draft_model": None,
     }
+    if svc.draft is not None:  # of those, what the draft model drafted (its own rate)
+        drafted, accepted = stats.model_drafted_tokens, stats.model_accepted_tokens
+        out["draft_model"] = {
+            "path": svc.draft.path,
+            "architecture": svc.draft.architecture,
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        }
+    return out
 
 
 def loading_row(info: LoadingInfo) -> dict:

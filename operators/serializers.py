@@ -71,6 +71,14 @@ class LoadRequest(serializers.Serializer):
         help_text="How /v1/embeddings pools hidden states; default: the architecture's "
         "(mean; last for gemma3).",
     )
+    draft_model = StrictCharField(
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        max_length=4096,
+        help_text="Speculative decoding's draft model: a GGUF with the same vocabulary, "
+        "inside PANTHEON_MODEL_DIRS; default: none (drafts from the context only).",
+    )
     ctx_cap = _option(1 << 24)
     max_sessions = _option(1024)
     max_concurrent = _option(1024)
@@ -102,6 +110,7 @@ def load_spec(data: dict) -> LoadSpec:
         pinned=bool(data.get("pinned")),
         chat_template=data.get("chat_template") or "",
         pooling=data.get("pooling") or "",
+        draft_model=data.get("draft_model") or "",
         **{key: data.get(key) or defaults[key] for key in defaults},
     )
 

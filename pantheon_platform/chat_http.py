@@ -17,7 +17,6 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import TypeVar
@@ -34,7 +33,9 @@ from engine import (
     run_turn,
 )
 from pantheon_platform import live_settings, tenancy
+from pantheon_platform.discovery import load_if_discovered
 from pantheon_platform.errors import ApiError
+from pantheon_platform.fair_pool import FairPool
 from pantheon_platform.metering import TurnRecord, metered, note_turn
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
@@ -45,8 +46,18 @@ T = TypeVar("T")
 # it the client gets 413 request_too_large (or 429 server_busy if it never got a worker).
 PREPARE_TIMEOUT_S = 10.0
 PREPARE_WORKERS = 4
-_prepare_pool = ThreadPoolExecutor(
-    max_workers=PREPARE_WORKERS, thread_name_prefix="pantheon-prepare"
+# Shared fairly between keys (pantheon_platform/fair_pool.py): one key runs on at most
+# half the workers, and a key running nothing gets one of PREPARE_BURST extra threads
+# when all are busy, so one key's flood of huge bodies never makes another key wait.
+PREPARE_PER_KEY = 2
+PREPARE_BURST = 4
+PREPARE_NICE = 5  # below the engine's threads: parsing waits, streams do not
+_prepare_pool = FairPool(
+    PREPARE_WORKERS,
+    PREPARE_PER_KEY,
+    PREPARE_BURST,
+    thread_name_prefix="pantheon-prepare",
+    nice=PREPARE_NICE,
 )
 
 
@@ -132,6 +143,7 @@ async def start_turn(
     `deadline`, and hand back its (not yet started) event stream. Raises the runtime's
     ModelNotFound / NoModelsLoaded, ApiError (429/413 from the prepare pool),
     InvalidTurn and ContextOverBudget."""
+    await load_if_discovered(model)  # a model on disk (PANTHEON_DISCOVER) loads on first use
     name, svc = get_runtime().resolve(model)
     # In the caller's key's namespace: another key's session of that id is not reached.
     key = tenancy.session_key(request, session_id)

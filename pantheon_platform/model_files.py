@@ -25,13 +25,33 @@ def model_dirs() -> list[Path]:
     return [Path(d) for d in getattr(settings, "PANTHEON_MODEL_DIRS", [])]
 
 
+def discovery_enabled() -> bool:
+    from django.conf import settings
+
+    return bool(getattr(settings, "PANTHEON_DISCOVER", False))
+
+
+def discovery_dirs(source: str | None = None) -> list[Path]:
+    """The stores of models already on disk (Ollama, LM Studio, the Hugging Face cache:
+    pantheon_platform/discovery.py) that exist, `source`'s only when given; none while
+    PANTHEON_DISCOVER is off. Each is a model folder for confinement."""
+    from django.conf import settings
+
+    if not discovery_enabled():
+        return []
+    stores = getattr(settings, "PANTHEON_DISCOVER_DIRS", {})
+    sources = [source] if source else list(stores)
+    return [Path(d) for s in sources for d in stores.get(s, ()) if Path(d).is_dir()]
+
+
 def allowed_model_path(path: str) -> Path:
-    """`path` with symlinks followed, if it lies inside one of PANTHEON_MODEL_DIRS.
+    """`path` with symlinks followed, if it lies inside one of PANTHEON_MODEL_DIRS (or,
+    with PANTHEON_DISCOVER, one of the stores of models already on disk).
 
     A relative path is looked up in each model folder. Raises PermissionError naming the
     folders for anything else (`..` escapes and symlinks pointing out included).
     """
-    dirs = model_dirs()
+    dirs = [*model_dirs(), *discovery_dirs()]
     given = Path(path).expanduser()
     if given.is_absolute():
         candidates = [given]

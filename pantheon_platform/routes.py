@@ -109,6 +109,16 @@ def body_limit(path: str) -> int:
     return LARGE_BODY_BYTES if path in LARGE_BODY_PATHS else MANAGEMENT_BODY_BYTES
 
 
+# Where restore_body_limit looks beyond this process's models: the router has none, so it
+# takes the largest limit its instances report (cluster/restore_limit.py installs that).
+_restore_limit_sources: list = []
+
+
+def add_restore_limit_source(source) -> None:
+    """`source()` -> a restore body limit in bytes that restore_body_limit also honours."""
+    _restore_limit_sources.append(source)
+
+
 def restore_body_limit() -> int:
     """The most body bytes a restore takes: DATA_UPLOAD_MAX_MEMORY_SIZE (the large-body
     route class's 64 MiB), or what a whole context window of the largest served model
@@ -124,6 +134,8 @@ def restore_body_limit() -> int:
         # base64 of the KV, plus each token id twice (the blob's header and `tokens`)
         per_token = svc.kv.bytes_per_token() * 4 // 3 + 40
         limit = max(limit, svc.context_window_configured * per_token + RESTORE_SLACK_BYTES)
+    for source in _restore_limit_sources:
+        limit = max(limit, source())
     return limit
 
 

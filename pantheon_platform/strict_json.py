@@ -29,6 +29,9 @@ REPETITION_PENALTY_MAX = 100.0
 # The per-request `speculation` extension (chat, completions, Responses): "auto" lets the
 # engine draft tokens and verify them (the same tokens as without), "off" never drafts.
 SPECULATION_MODES = ("auto", "off")
+# Context overflow (chat's `truncation` extension, Responses' `truncation`): "disabled"
+# refuses a prompt past the window, "auto" drops the oldest turns to fit.
+TRUNCATION_MODES = ("auto", "disabled")
 
 
 class StrictCharField(serializers.CharField):
@@ -121,6 +124,28 @@ class PriorityField(serializers.ChoiceField):
             '"interactive" (the default) is every live request\'s class.',
         )
         super().__init__(("interactive", "batch"), required=False, allow_null=True, **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
+
+
+class TruncationField(serializers.ChoiceField):
+    """`truncation` (chat's extension, as Responses' field): "disabled" or "auto"."""
+
+    default_error_messages = {"invalid_choice": 'expected "auto" or "disabled"'}
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault(
+            "help_text",
+            'Extension (as the Responses API\'s field): "disabled" (the default) refuses a '
+            'prompt past the context window (400 context_length_exceeded); "auto" drops the '
+            "oldest turns (never the system messages or the latest user message on) to fit, "
+            "leaving the answer max_tokens (at most a quarter of the window), and says how "
+            "many messages went in usage.truncated_messages.",
+        )
+        super().__init__(TRUNCATION_MODES, required=False, allow_null=True, **kwargs)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):

@@ -7,6 +7,9 @@ PANTHEON_DEBUG         Django debug mode (off)
 PANTHEON_MODELS        models to load at start: "name=path,name=path"; a bare path serves
                        under its file stem (default: the shipped SmolLM2-135M-Instruct)
 PANTHEON_MODEL_DIRS    where relative model paths are looked up (os.pathsep or comma list)
+PANTHEON_DISCOVER      1: also list (and load on request) the GGUFs in Ollama's store
+                       (OLLAMA_MODELS), LM Studio's folders (PANTHEON_LMSTUDIO_MODELS) and
+                       the Hugging Face hub cache (HF_HUB_CACHE, HF_HOME/hub) (off)
 PANTHEON_CTX_CAP       per-session context cap in tokens (0: the model's, at most 8192)
 PANTHEON_MAX_SESSIONS  how many sessions may hold KV at once (4)
 PANTHEON_MAX_CONCURRENT  requests decoded at once (0: max_sessions)
@@ -322,6 +325,26 @@ PANTHEON_MODELS = [
         env_list("PANTHEON_MODELS", _default_models), PANTHEON_MODEL_DIRS
     )
 ]
+
+# --- models already on disk (pantheon_platform/discovery.py) ------------------------------
+
+PANTHEON_DISCOVER = env_bool("PANTHEON_DISCOVER", False)
+_home = Path.home()
+# Each store is a model folder for confinement while discovery is on (never copied).
+PANTHEON_DISCOVER_DIRS = {
+    "ollama": [env_path("OLLAMA_MODELS", _home / ".ollama" / "models")],
+    "lmstudio": [
+        Path(p).expanduser().resolve()
+        for p in env_list(
+            "PANTHEON_LMSTUDIO_MODELS",
+            [str(_home / ".lmstudio" / "models"), str(_home / ".cache" / "lm-studio" / "models")],
+            sep=os.pathsep + ",",
+        )
+    ],
+    "huggingface": [
+        env_path("HF_HUB_CACHE", env_path("HF_HOME", _home / ".cache" / "huggingface") / "hub")
+    ],
+}
 
 # --- operators (operators/, pantheon_platform.runtime) ----------------------------------------
 

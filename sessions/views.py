@@ -32,6 +32,12 @@ from pantheon_platform.errors import (
     json_response,
     method_not_allowed,
 )
+from pantheon_platform.json_blob import (
+    REST_MAX_BYTES,
+    Base64Sink,
+    BodyTooLarge,
+    split_field,
+)
 from pantheon_platform.request_log import note
 from pantheon_platform.routes import restore_body_limit
 from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded, get_runtime
@@ -150,7 +156,7 @@ def restore_session(request: HttpRequest) -> HttpResponse:
     """POST /session/restore {"name"?, "session_id", "blob" (base64), "tokens"}: install an
     exported conversation under the session id (a new one or a live one). Everything is
     checked before the session table is touched: a refused restore changes nothing."""
-    body = parse_json_object(_restore_body(request))
+    body, streamed = _restore_body(request)
     sid = _session_id(body.get("session_id"), request.headers.get("X-Session-Id", ""))
     blob_b64 = body.get("blob")
     if blob_b64 is None:
@@ -172,7 +178,7 @@ def restore_session(request: HttpRequest) -> HttpResponse:
             f"{svc.context_window_configured}-token context window"
         )
     try:
-        blob = base64.b64decode(blob_b64, validate=True)
+        blob = streamed.finish() if streamed.used else base64.b64decode(blob_b64, validate=True)
     except ValueError:  # binascii.Error, or a non-ASCII string
         raise BadSessionBlob("blob: not valid base64") from None
     # Into the caller's own namespace, whatever namespace the blob records.
@@ -180,17 +186,27 @@ def restore_session(request: HttpRequest) -> HttpResponse:
     return json_response({"restored": True, "session_id": sid, "n_tok": n_tok})
 
 
-def _restore_body(request: HttpRequest) -> bytes:
+def _restore_body(request: HttpRequest) -> tuple[dict, Base64Sink]:
     """A restore's body, up to restore_body_limit() rather than Django's
-    DATA_UPLOAD_MAX_MEMORY_SIZE (request.read() does not check it; request.body would)."""
+    DATA_UPLOAD_MAX_MEMORY_SIZE (request.read() does not check it; request.body would).
+    Read in chunks: the blob's base64 is decoded as it arrives (pantheon_platform/json_blob),
+    never held as text, so memory stays near the decoded blob's size and no single call
+    holds the GIL for the whole body. Returns the rest of the body, parsed (its "blob" is
+    "" when it was streamed), and the sink holding the decoded blob."""
     limit = restore_body_limit()
-    body = request.read(limit + 1)
-    if len(body) > limit:
+    sink = Base64Sink()
+    try:
+        rest = split_field(request.read, b"blob", limit, sink.feed, sink.fail)
+    except BodyTooLarge as exc:
+        if exc.outside_field:
+            raise invalid_request(
+                f"request body: more than {REST_MAX_BYTES >> 20} MiB outside `blob`"
+            ) from None
         raise invalid_request(
             f"request body is over {limit} bytes, more than a blob of a full context "
             "window of any served model"
-        )
-    return body
+        ) from None
+    return parse_json_object(rest), sink
 
 
 @_route("POST")

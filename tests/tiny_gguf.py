@@ -34,6 +34,7 @@ def write_tiny_llama(
     matrix_transform=None,
     raw_blocks: bool = False,
     n_vocab: int = 0,
+    vocab_from: Path | None = None,
 ) -> Path:
     """A llama GGUF with random weights. Matrices are stored as `matrix_type` (quantised with
     gguf.quants); `matrix_transform(array) -> array` rewrites each float matrix first.
@@ -41,10 +42,15 @@ def write_tiny_llama(
     gguf.quants can read but not write; `matrix_transform(array, name)` then sees nothing.
     `broken_ffn_down` gives ffn_down the wrong input width: the file loads, and every
     forward pass fails (a real engine failure). `n_vocab` > 259 pads the vocabulary with
-    unused tokens, for a file shaped like a real model (bench/bench_gpu.py)."""
+    unused tokens, for a file shaped like a real model (bench/bench_gpu.py). `vocab_from`:
+    another GGUF whose tokenizer (every tokenizer.* key) the file takes instead (a tiny
+    draft model with a real model's vocabulary)."""
     rng = np.random.default_rng(seed)
     tokens = SPECIALS + [bytes_to_unicode()[b] for b in range(256)]
     tokens += [f"<|unused_{i}|>" for i in range(max(0, n_vocab - len(tokens)))]
+    copied = _tokenizer_fields(vocab_from) if vocab_from is not None else {}
+    if copied:
+        tokens = copied["tokenizer.ggml.tokens"][0]
     head_dim = d_model // n_head
 
     def weight(*shape: int) -> np.ndarray:
@@ -72,14 +78,18 @@ def write_tiny_llama(
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(len(tokens))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    w.add_token_merges([])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
+    if copied:
+        for key, (value, vtype, sub_type) in copied.items():
+            w.add_key_value(key, value, vtype, sub_type)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt2")
+        w.add_token_list(tokens)
+        w.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+        w.add_token_merges([])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(False)
 
     add_matrix("token_embd.weight", weight(len(tokens), d_model))
     for i in range(n_layer):
@@ -99,6 +109,17 @@ def write_tiny_llama(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _tokenizer_fields(path: Path) -> dict[str, tuple]:
+    """Every tokenizer.* key of a GGUF: {key: (value, type, array element type)}."""
+    fields = gguf.GGUFReader(str(path)).fields
+    out = {}
+    for key, field in fields.items():
+        if key.startswith("tokenizer."):
+            sub_type = field.types[1] if len(field.types) > 1 else None
+            out[key] = (field.contents(), field.types[0], sub_type)
+    return out
 
 
 def random_blocks(name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -> np.ndarray:

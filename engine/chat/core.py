@@ -208,15 +208,14 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
     options = options or ChatOptions()
     prompts: PromptBuilder = svc.prompts  # the model's template and tokenizer (prompt.py)
     raw = turn.raw_prompt is not None
+    truncated = 0
     tools = ToolPlan() if raw else plan_tools(turn, prompts.tool_dialect, options)
     enable_thinking = False if raw else thinking(turn, options)
     try:
         if raw:
             prompt_ids, think_open = raw_prompt_ids(prompts, turn.raw_prompt), False
         else:
-            prompt_ids, think_open = prompts.prepare_chat(
-                [dict(m) for m in turn.messages], enable_thinking, list(tools.specs), tools.dialect
-            )
+            prompt_ids, think_open, truncated = chat_prompt(prompts, turn, tools, enable_thinking)
     except InvalidTurn:  # a raw prompt's own refusal (a ValueError too): as it is
         raise
     except ChatTemplateError as exc:  # the template refused this conversation
@@ -247,6 +246,7 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         tool_compelled=tools.compelled,
         speculation=turn.speculation or svc.config.speculation,
         prediction=prediction_ids(prompts, turn.prediction),
+        truncated_messages=truncated,
     )
     return PreparedTurn(
         request=request,
@@ -257,6 +257,29 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         format_status=format_status,
         format_message=format_message,
     )
+
+
+def chat_prompt(
+    prompts: PromptBuilder, turn: Turn, tools: ToolPlan, enable_thinking: bool
+) -> tuple[list[int], bool, int]:
+    """(prompt ids, think_open, messages dropped): the conversation as it is, or with
+    truncation "auto" its oldest turns dropped so that the prompt leaves room for the
+    answer (max_tokens, at most a quarter of the window)."""
+    messages = [dict(m) for m in turn.messages]
+    if turn.truncation != "auto":
+        return (
+            *prompts.prepare_chat(messages, enable_thinking, list(tools.specs), tools.dialect),
+            0,
+        )
+    window = prompts.context_window
+    budget = window - min(turn.sampling.max_tokens, window // TRUNCATION_ANSWER_SHARE)
+    return prompts.prepare_chat_fitting(
+        messages, budget, enable_thinking, list(tools.specs), tools.dialect
+    )
+
+
+# With truncation "auto", the prompt leaves the answer max_tokens, at most 1/4 the window.
+TRUNCATION_ANSWER_SHARE = 4
 
 
 # --- running it ------------------------------------------------------------------------
@@ -288,6 +311,7 @@ def request_usage(finishes: dict[int, FinishEvent]) -> Usage:
         rejected_prediction_tokens=sum(
             f.usage.rejected_prediction_tokens for f in finishes.values()
         ),
+        truncated_messages=first.truncated_messages,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..decoding.reasoning import is_think_template, thinking_prompt_suffix
 from ..text.chat_template import ChatTemplate, normalize_messages
-from ..text.tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer, TooManyTokens
 from ..tools.dialects import dialect_for
 from ..tools.prompt import with_tools
 
@@ -65,6 +65,49 @@ class PromptBuilder:
             think_open = enable_thinking
         return self.encode_raw(text), think_open
 
+    def prepare_chat_fitting(
+        self,
+        messages: list[dict],
+        budget: int,
+        enable_thinking: bool = True,
+        tools: list | None = None,
+        dialect=None,
+    ) -> tuple[list[int], bool, int]:
+        """prepare_chat with truncation "auto": the oldest turns dropped until the prompt is
+        at most `budget` tokens. Kept always: the leading system messages and everything
+        from the latest user message on; the turns between go whole, oldest first (an
+        assistant's tool calls with their results). Returns (ids, think_open, messages
+        dropped). When even the shortest prompt does not fit, the whole conversation's
+        prompt with 0 dropped (its refusal is the one "disabled" gets)."""
+        head, turns, tail = droppable_turns(messages)
+
+        def attempt(dropped: int) -> tuple[list[int], bool, int] | None:
+            kept = [*head, *(m for turn in turns[dropped:] for m in turn), *tail]
+            try:
+                ids, think_open = self.prepare_chat(kept, enable_thinking, tools, dialect)
+            except TooManyTokens:
+                return None
+            if len(ids) > budget:
+                return None
+            return ids, think_open, sum(len(turn) for turn in turns[:dropped])
+
+        fitted = attempt(0)
+        if fitted is not None or not turns:
+            return fitted or (*self.prepare_chat(messages, enable_thinking, tools, dialect), 0)
+        # The fewest turns dropped that fit: a longer history never renders shorter.
+        low, high = 1, len(turns)
+        best = attempt(high)
+        if best is None:
+            return (*self.prepare_chat(messages, enable_thinking, tools, dialect), 0)
+        while low < high:
+            middle = (low + high) // 2
+            trial = attempt(middle)
+            if trial is None:
+                low = middle + 1
+            else:
+                best, high = trial, middle
+        return best
+
     def encode_raw(self, text: str) -> list[int]:
         """A raw prompt's ids (no chat template): special tokens written in it recognised,
         BOS where the GGUF adds one. TooManyTokens when certain not to fit the window."""
@@ -75,3 +118,24 @@ class PromptBuilder:
         if self.tokenizer.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
+
+
+def droppable_turns(messages: list[dict]) -> tuple[list[dict], list[list[dict]], list[dict]]:
+    """(the leading system / developer messages, the turns truncation may drop, oldest
+    first, and the messages from the latest user message on: at least the last message,
+    so something is always left to answer). A turn starts at a user message and holds
+    what answers it (assistant messages, tool results), so a tool call never loses its
+    result."""
+    start = 0
+    while start < len(messages) and messages[start].get("role") in ("system", "developer"):
+        start += 1
+    last_user = max(
+        (i for i in range(start, len(messages)) if messages[i].get("role") == "user"),
+        default=max(start, len(messages) - 1),
+    )
+    turns: list[list[dict]] = []
+    for message in messages[start:last_user]:
+        if not turns or message.get("role") == "user":
+            turns.append([])
+        turns[-1].append(message)
+    return messages[:start], turns, messages[last_user:]

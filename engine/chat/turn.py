@@ -43,6 +43,10 @@ class Turn:
     prediction: str | None = None
     # "auto" | "off": whether the engine may draft tokens; None: the model's default.
     speculation: str | None = None
+    # Context overflow: "disabled" refuses a prompt past the window (ContextOverBudget);
+    # "auto" drops the oldest turns to fit (PromptBuilder.prepare_chat_fitting) and says
+    # how many messages went in usage.truncated_messages.
+    truncation: str = "disabled"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,11 @@ from collections.abc import Generator, Sequence
 import numpy as np
 
 POOLINGS = ("mean", "last", "cls")
+# Forward passes an embedding job runs before it yields, whatever their length: a pass
+# costs about one read of the weights even for a few tokens, so 256 tokens of 8-token
+# inputs are 32 passes (a decode step's time each) and would hold generation and every
+# other job for as long as 32 steps.
+PASSES_PER_STEP = 4
 # Measured on the shipped models (tests/engine/serving/test_embedding.py, bench/RESULTS.md): on
 # SmolLM2 (llama) mean pooling separates paraphrases from unrelated pairs best, on
 # gemma-3-270m the last token's state does. `cls` (the first token) is for encoders: in a
@@ -30,11 +35,12 @@ def embed_job(
 ) -> Generator[None, None, np.ndarray]:
     """(N, D) float32 rows, L2-normalised: each input's final-normed hidden states pooled
     (`mean` over its tokens, `last` token, `cls` the first token). Yields once about
-    `chunk` tokens have run (a chunk of a long input, or several short inputs)."""
+    `chunk` tokens have run (a chunk of a long input, or several short inputs), or after
+    PASSES_PER_STEP passes, whichever comes first."""
     if pooling not in POOLINGS:
         raise ValueError(f"pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
     out = np.zeros((len(token_lists), model.hp.d_model), dtype=np.float32)
-    ran = 0  # tokens since the last yield
+    ran = passes = 0  # tokens and forward passes since the last yield
     for i, ids in enumerate(token_lists):
         kv = model.make_kv_cache(1, len(ids))  # scratch: dropped with this input
         total = np.zeros(model.hp.d_model, dtype=np.float64)
@@ -47,8 +53,9 @@ def embed_job(
             elif pooling == "last":
                 total = h[-1].astype(np.float64)
             ran += len(h)
-            if ran >= chunk:
-                ran = 0
+            passes += 1
+            if ran >= chunk or passes >= PASSES_PER_STEP:
+                ran = passes = 0
                 yield
         if pooling == "mean":
             total /= len(ids)

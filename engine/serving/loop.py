@@ -36,6 +36,7 @@ from ..types import (
 )
 from .admission import retry_after_s
 from .batch import REFUSED_MEMORY, Batch, Finished, Refused, Sampled, Started
+from .draft_model import DraftModel, DraftSlots
 from .jobs import JobQueue
 from .memory import MemoryLadder
 from .runner import Runner
@@ -50,6 +51,7 @@ log = logging.getLogger("pantheon.engine.service")
 MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the ladder
 IDLE_WAIT_S = 0.25  # an idle engine thread still wakes this often (queue timeouts, ladder)
 SESSION_REAP_S = 1.0  # how often the engine thread drops idle sessions
+JOB_MAX_SKIPS = 3  # a side job yields to prompt prefills at most this many steps in a row
 
 
 @dataclass(eq=False)
@@ -95,6 +97,8 @@ class EngineStats:
     # tokens proposed for verification, and those verified and emitted.
     drafted_tokens: int = 0
     accepted_draft_tokens: int = 0
+    model_drafted_tokens: int = 0  # of those, the draft model's (serving/draft_model.py)
+    model_accepted_tokens: int = 0
 
 
 class EngineLoop:
@@ -113,6 +117,7 @@ class EngineLoop:
         *,
         slots: int,
         window: int,
+        draft: DraftModel | None = None,
     ):
         self.name = name
         self.tokenizer = tokenizer
@@ -141,7 +146,10 @@ class EngineLoop:
         )
         self.runner = Runner(model, kv)
         self.speculator = Speculator(
-            config.speculation, config.spec_max_draft, tokenizer.end_of_turn_ids
+            config.speculation,
+            config.spec_max_draft,
+            tokenizer.end_of_turn_ids,
+            DraftSlots.of(draft, config.speculation, tokenizer, slots, window),
         )
         self.sessions = SessionTable(
             config.max_sessions,
@@ -165,6 +173,7 @@ class EngineLoop:
         # Jobs beside generation (embeddings, prompt scoring): run one step each engine
         # iteration, first come first served (submit).
         self.jobs = JobQueue(name, self.lock)
+        self._job_skips = 0  # iterations in a row whose job step yielded to a prefill
         self.thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
 
     def start(self) -> None:
@@ -234,7 +243,7 @@ class EngineLoop:
             freed = self.scheduler.pop_freed_slots()
         self.keeper.release_freed(freed)
         self._deliver(refused)
-        if self.jobs.advance():
+        if self._job_turn(batch) and self.jobs.advance():
             self._trim_due = True
             if batch.empty:
                 return
@@ -260,6 +269,16 @@ class EngineLoop:
             events = self.scheduler.update(batch, sampled)
         self._deliver_step(batch, events)
         self._forget_closed()
+
+    def _job_turn(self, batch: Batch) -> bool:
+        """Whether a side job (jobs.py) steps this iteration: not while a prompt is
+        prefilled (a first token waits on this step), but at least once every
+        JOB_MAX_SKIPS + 1 iterations, so a stream of new prompts never stalls the jobs."""
+        if batch.prefill and self._job_skips < JOB_MAX_SKIPS:
+            self._job_skips += 1
+            return False
+        self._job_skips = 0
+        return True
 
     def _draft_rooms(self, seq_ids) -> dict[int, int]:
         with self.lock:
@@ -381,6 +400,7 @@ class EngineLoop:
             reasoning_tokens=ch.out.reasoning_tokens,
             accepted_prediction_tokens=ch.drafter.accepted_prediction if ch.drafter else 0,
             rejected_prediction_tokens=ch.drafter.rejected_prediction if ch.drafter else 0,
+            truncated_messages=ch.req.request.truncated_messages,
         )
         finish = FinishEvent(
             finish_reason=reason,

@@ -30,6 +30,7 @@ from ..types import (
     TokenEvent,
 )
 from .admission import Admission
+from .draft_model import DraftModel, load_draft
 from .embedding import default_pooling, embed_job, score_job
 from .loop import EngineLoop, EngineRequest
 from .memory import MemoryLadder, device_memory, host_memory
@@ -48,7 +49,15 @@ class ModelService:
     its prompts, generation, jobs and sessions. The work is done by its parts (the engine
     loop, admission, the prompt builder, session transfer), which it builds and wires."""
 
-    def __init__(self, config: ModelConfig, gf: GGUFFile, model, tokenizer: Tokenizer, template):
+    def __init__(
+        self,
+        config: ModelConfig,
+        gf: GGUFFile,
+        model,
+        tokenizer: Tokenizer,
+        template,
+        draft: DraftModel | None = None,
+    ):
         self.config = config
         self.name = config.name
         self.gguf = gf
@@ -100,7 +109,9 @@ class ModelService:
             self.ladder,
             slots=self.max_concurrent_configured,
             window=self.context_window_configured,
+            draft=draft,
         )
+        self.draft = draft  # the draft model for speculation (config.draft_model), or None
         # The engine loop's parts, as the apps, benches and tests read them.
         self.stats = self.engine_loop.stats
         self.slot_contents = self.engine_loop.slot_contents
@@ -129,7 +140,8 @@ class ModelService:
         t0 = time.perf_counter()
         loaded = load_model(config, on_progress)
         gf = loaded.gguf
-        svc = cls(config, gf, loaded.model, loaded.tokenizer, loaded.template)
+        draft = load_draft(config, gf)
+        svc = cls(config, gf, loaded.model, loaded.tokenizer, loaded.template, draft)
         svc.load_seconds = round(time.perf_counter() - t0, 3)
         svc.weight_cache_used = loaded.weight_cache_used
         log.info(
@@ -145,8 +157,10 @@ class ModelService:
 
     def sibling(self, config: ModelConfig) -> ModelService:
         """Another instance over the same (read-only) weights with its own KV cache,
-        scheduler and thread: a different configuration without loading the file again."""
-        svc = type(self)(config, self.gguf, self.model, self.tokenizer, self.template)
+        scheduler and thread: a different configuration without loading the file again
+        (its draft model, if it names one, is loaded)."""
+        draft = load_draft(config, self.gguf)
+        svc = type(self)(config, self.gguf, self.model, self.tokenizer, self.template, draft)
         svc.weight_cache_used = self.weight_cache_used
         return svc
 
@@ -208,8 +222,11 @@ class ModelService:
 
     @property
     def memory_bytes(self) -> int:
-        """Host memory this instance may hold: float32 weights plus its whole KV cache."""
-        return self.model.weight_bytes + self.kv.nbytes
+        """Host memory this instance may hold: float32 weights plus its whole KV cache
+        (and its draft model's)."""
+        draft = self.engine_loop.speculator.draft
+        extra = draft.draft.model.weight_bytes + draft.kv.nbytes if draft is not None else 0
+        return self.model.weight_bytes + self.kv.nbytes + extra
 
     # ---- prompts (any thread; engine/chat/prompt.py) ----
 

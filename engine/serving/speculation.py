@@ -1,7 +1,8 @@
-"""Exact speculative decoding: drafts without a second model, verified in the decode pass.
+"""Exact speculative decoding: drafted tokens verified in the decode pass.
 
-A sequence's next tokens are guessed cheaply (`Drafter`: prompt lookup over the prompt
-and the tokens generated so far, or the client's Predicted Outputs text), fed as extra
+A sequence's next tokens are guessed (`Drafter`: the client's Predicted Outputs text,
+else prompt lookup over the prompt and the tokens generated so far, else the model's
+draft model when it has one, draft_model.py: the cheap sources first), fed as extra
 rows of the step's one decode pass (its slot, the positions after its last token: rows
 bitwise what one-token decode computes there, tests/engine/models/test_verify_rows.py),
 and accepted in order (runner.py `accept_drafts`): the token sampled from row i goes
@@ -38,6 +39,37 @@ MAX_PAUSE = 256
 class Draft:
     tokens: tuple[int, ...]
     from_prediction: bool = False
+    from_model: bool = False  # the draft model's (draft_model.py)
+
+
+class Pace:
+    """How long a draft source's drafts are: doubled (up to max_draft) after a full
+    acceptance, what was accepted + 1 after a miss; paused for a while when its recent
+    acceptance falls under LOW_RATE."""
+
+    def __init__(self, max_draft: int):
+        self.max_draft = max_draft
+        self.length = START_DRAFT
+        self.rate = 0.5  # recent acceptance
+        self.pause = 0
+        self.pause_len = PAUSE_STEPS
+
+    def paused(self) -> bool:
+        """Whether it sits this proposal out (a pause counts proposals)."""
+        if self.pause > 0:
+            self.pause -= 1
+            return True
+        return False
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.rate = 0.7 * self.rate + 0.3 * (accepted / drafted)
+        if accepted == drafted:
+            self.length = min(self.max_draft, self.length * 2)
+        else:
+            self.length = max(1, accepted + 1)
+        if self.rate < LOW_RATE:
+            self.pause, self.pause_len = self.pause_len, min(MAX_PAUSE, self.pause_len * 2)
+            self.rate, self.length = 0.3, 2
 
 
 @dataclass
@@ -56,8 +88,9 @@ class Verified:
 
 
 class Drafter:
-    """One sequence's draft source: its context (prompt + output) indexed by n-gram, and
-    its prediction with the position where the output is expected to continue it."""
+    """One sequence's draft sources: its context (prompt + output) indexed by n-gram, its
+    prediction with the position where the output is expected to continue it, and the
+    draft model's slots (DraftSlots) when the model has one."""
 
     def __init__(
         self,
@@ -66,6 +99,7 @@ class Drafter:
         prediction: Sequence[int],
         end_ids: Collection[int],
         max_draft: int,
+        model=None,
     ):
         self.prompt = prompt
         self.output = output  # the choice's emitted tokens (a live list, ChoiceOutput's)
@@ -78,18 +112,18 @@ class Drafter:
         self._pred_index: dict[tuple[int, ...], list[int]] | None = None
         self.pred_pos: int | None = 0 if self.prediction else None
         self._synced = 0  # output tokens followed through the prediction
-        self.length = START_DRAFT
         self.pred_length = self.max_draft  # a prediction is trusted until it misses
-        self.rate = 0.5  # recent acceptance of context drafts
-        self.pause = 0
-        self.pause_len = PAUSE_STEPS
+        self.context_pace = Pace(self.max_draft)
+        self.model = model  # DraftSlots, or None
+        self.model_pace = Pace(self.max_draft)
         self.accepted_prediction = 0
         self.rejected_prediction = 0
 
     # --- proposing ----------------------------------------------------------------------
 
-    def propose(self, room: int) -> Draft | None:
-        """At most `room` tokens to verify after the output's last token, or None."""
+    def propose(self, room: int, slot: int | None = None) -> Draft | None:
+        """At most `room` tokens to verify after the output's last token, or None; the
+        draft model drafts on the sequence's `slot`."""
         room = min(room, self.max_draft)
         if room <= 0:
             return None
@@ -99,11 +133,15 @@ class Drafter:
             tokens = self._clean(self.prediction[self.pred_pos : end])
             if tokens:
                 return Draft(tokens, from_prediction=True)
-        if self.pause > 0:
-            self.pause -= 1
+        if not self.context_pace.paused():
+            tokens = self._clean(self._lookup(min(room, self.context_pace.length)))
+            if tokens:
+                return Draft(tokens)
+        if self.model is None or slot is None or self.model_pace.paused():
             return None
-        tokens = self._clean(self._lookup(min(room, self.length)))
-        return Draft(tokens) if tokens else None
+        n_tokens = min(room, self.model_pace.length)
+        tokens = self._clean(self.model.propose(slot, self._context(), n_tokens))
+        return Draft(tokens, from_model=True) if tokens else None
 
     def observe(self, verified: Verified) -> None:
         """Adapt to a verify pass's outcome (the tokens it emitted are in `output` by the
@@ -115,14 +153,8 @@ class Drafter:
             full = accepted == drafted
             self.pred_length = self.max_draft if full else max(2, accepted + 1)
             return
-        self.rate = 0.7 * self.rate + 0.3 * (accepted / drafted)
-        if accepted == drafted:
-            self.length = min(self.max_draft, self.length * 2)
-        else:
-            self.length = max(1, accepted + 1)
-        if self.rate < LOW_RATE:
-            self.pause, self.pause_len = self.pause_len, min(MAX_PAUSE, self.pause_len * 2)
-            self.rate, self.length = 0.3, 2
+        pace = self.model_pace if verified.draft.from_model else self.context_pace
+        pace.observe(drafted, accepted)
 
     def _clean(self, tokens: Sequence[int]) -> tuple[int, ...]:
         """A draft stops before an end of turn: the sequence would end there anyway."""
@@ -213,10 +245,11 @@ class Speculator:
     """The engine loop's speculation policy: which sequences draft this step, and how
     many tokens (the scheduler says how many more each may take)."""
 
-    def __init__(self, mode: str, max_draft: int, end_ids: Collection[int]):
+    def __init__(self, mode: str, max_draft: int, end_ids: Collection[int], draft=None):
         self.enabled = mode != "off"
         self.max_draft = max_draft
         self.end_ids = frozenset(end_ids)
+        self.draft = draft  # the model's DraftSlots (draft_model.py), or None
 
     def drafter(self, request, output: list[int]) -> Drafter | None:
         """A choice's drafter, or None where it never speculates (see the module doc)."""
@@ -224,7 +257,14 @@ class Speculator:
             return None
         if request.think_style:
             return None
-        return Drafter(request.prompt_ids, output, request.prediction, self.end_ids, self.max_draft)
+        return Drafter(
+            request.prompt_ids,
+            output,
+            request.prediction,
+            self.end_ids,
+            self.max_draft,
+            self.draft,
+        )
 
     def wants(self, n_rows: int) -> bool:
         """Whether a step of this many decode rows speculates at all."""
@@ -235,6 +275,7 @@ class Speculator:
         (their drafter and decode state), `rooms_of(seq_ids)` the scheduler's draft_room."""
         if not self.wants(len(rows)):
             return {}
+        slots = {row.seq_id: row.slot for row in rows}
         drafters = {
             row.seq_id: ch.drafter
             for row in rows
@@ -248,7 +289,7 @@ class Speculator:
         rooms = rooms_of(list(drafters))
         out = {}
         for seq_id, drafter in drafters.items():
-            draft = drafter.propose(rooms.get(seq_id, 0))
+            draft = drafter.propose(rooms.get(seq_id, 0), slots[seq_id])
             if draft is not None:
                 out[seq_id] = draft
         return out
@@ -258,6 +299,9 @@ class Speculator:
         for seq_id, done in verified.items():
             stats.drafted_tokens += len(done.draft.tokens)
             stats.accepted_draft_tokens += done.accepted
+            if done.draft.from_model:
+                stats.model_drafted_tokens += len(done.draft.tokens)
+                stats.model_accepted_tokens += done.accepted
             ch = choices.get(seq_id)
             if ch is not None and ch.drafter is not None:
                 ch.drafter.observe(done)

@@ -1,5 +1,5 @@
 """What a load must pass before any weights are read: a valid spec (name, dies, pooling, a
-path inside the model folders, a chat template that compiles), room under
+path and a draft model inside the model folders, a chat template that compiles), room under
 PANTHEON_MAX_LOADED_MODELS (least recently used idle models make way), and memory for
 its estimate, in host memory or on each die it is split across."""
 
@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING
 import psutil
 
 from engine import POOLINGS
-from pantheon_platform.model_files import ModelFileInfo, allowed_model_path, model_file_info
+from pantheon_platform.model_files import (
+    ModelFileInfo,
+    allowed_model_path,
+    is_file,
+    model_file_info,
+)
 from pantheon_platform.runtime import devices
 from pantheon_platform.runtime.django_settings import setting
 from pantheon_platform.runtime.errors import (
@@ -42,7 +47,20 @@ def checked_spec(spec: LoadSpec) -> LoadSpec:
     except PermissionError as exc:
         raise PathNotAllowed(str(exc)) from None
     resolve_chat_template(spec.config.chat_template)  # refuse a bad one before loading
-    return replace(spec, config=replace(spec.config, path=path))
+    draft = spec.config.draft_model and _draft_path(spec.config.draft_model)
+    return replace(spec, config=replace(spec.config, path=path, draft_model=draft))
+
+
+def _draft_path(value: str) -> str:
+    """The `draft_model` option's file inside the model folders (its vocabulary is checked
+    by the engine's load: IncompatibleDraftModel)."""
+    try:
+        path = allowed_model_path(value)
+    except PermissionError as exc:
+        raise PathNotAllowed(f"draft_model: {exc}") from None
+    if not is_file(path):
+        raise NotFound(f"draft_model: no such file: {value}")
+    return str(path)
 
 
 def file_info(path: str) -> ModelFileInfo:
@@ -88,6 +106,10 @@ def admit(spec: LoadSpec, info: ModelFileInfo, leaving: list[ModelService]) -> N
     config = spec.config
     kernel = devices.weights_kernel(spec)
     need = info.estimate_bytes(config.ctx_cap, config.max_sessions, kernel)
+    if config.draft_model:  # loaded beside it, with a KV slot per served slot
+        need += file_info(config.draft_model).estimate_bytes(
+            config.ctx_cap, config.max_sessions, kernel
+        )
     freed = sum(svc.memory_bytes for svc in leaving)
     reserve = setting("PANTHEON_MEMORY_RESERVE_BYTES", 0)
     free = psutil.virtual_memory().available + freed - reserve

@@ -220,7 +220,13 @@ class Runtime(Registry):
                 log.exception("a load hook failed for model %s (the model is loaded)", name)
 
     def _open(self, spec: LoadSpec) -> ModelService:
-        from engine import ModelFileNotFound, ModelLoadError, ModelService, UnsupportedArchitecture
+        from engine import (
+            IncompatibleDraftModel,
+            ModelFileNotFound,
+            ModelLoadError,
+            ModelService,
+            UnsupportedArchitecture,
+        )
 
         log.info("loading model %s from %s", spec.name, spec.config.path)
         started = time.monotonic()
@@ -229,8 +235,8 @@ class Runtime(Registry):
             svc = ModelService.load(config, lambda p: self._note_progress(spec.name, p))
         except ModelFileNotFound as exc:
             raise NotFound(str(exc)) from exc
-        except UnsupportedArchitecture as exc:  # the file, not the server: 400 naming it
-            raise InvalidOption(str(exc)) from exc
+        except (UnsupportedArchitecture, IncompatibleDraftModel) as exc:
+            raise InvalidOption(str(exc)) from exc  # the file, not the server: 400 naming it
         except ModelLoadError as exc:
             raise OperationFailed(str(exc)) from exc
         except Exception as exc:

@@ -180,6 +180,23 @@ def test_every_wire_format_is_forwarded(cluster):
     assert follow.status_code == 200 and follow.headers["x-pantheon-instance"] == where
 
 
+def test_a_restore_an_instance_takes_is_not_refused_by_the_router(cluster):
+    """The router's /session/restore body limit is the largest one its instances report
+    (a whole context window's blob: hundreds of MB), not its own 64 MiB; and it routes
+    the body without parsing the blob. A 70 MB blob of zeros reaches an instance, which
+    decodes it as it streams and refuses it as a blob (400), not as too large (413)."""
+    blob = "A" * (70 << 20)
+    body = f'{{"session_id": "big-restore", "tokens": [1], "blob": "{blob}"}}'.encode()
+    reply = httpx.post(
+        cluster.router_url + "/session/restore",
+        content=body,
+        headers={**cluster.headers(CLIENT_KEY), "Content-Type": "application/json"},
+        timeout=120,
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "bad_session_blob"
+
+
 def test_sixteen_concurrent_streams_spread_over_both_instances(cluster):
     def stream(i):
         body = {

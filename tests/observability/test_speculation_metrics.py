@@ -45,6 +45,7 @@ async def test_the_counters_are_the_engines_per_model(counted):
         "drafted_tokens": 40,
         "accepted_tokens": 30,
         "acceptance_rate": 0.75,
+        "draft_model": None,
     }
 
 
@@ -59,6 +60,7 @@ async def test_the_models_row_shows_the_acceptance_rate(counted):
         "drafted_tokens": 0,
         "accepted_tokens": 0,
         "acceptance_rate": None,
+        "draft_model": None,
     }
     counted.stats.drafted_tokens, counted.stats.accepted_draft_tokens = 8, 2
     rows = {row["id"]: row for row in (await request(app, "GET", "/admin/models")).json()["data"]}

@@ -42,6 +42,7 @@ class FakeService:
         self.graphs = None
         self.config = ModelConfig(name=name, path=self.path)
         self.stats = EngineStats()  # the speculation counters the row reads
+        self.draft = None  # no draft model
 
     def close(self) -> None:
         self.closed = True

@@ -117,14 +117,14 @@ async def embeddings(request: HttpRequest, call: RouteCall) -> HttpResponse:
     vectors = await asyncio.wrap_future(svc.embed(lists))
     encoding = data.get("encoding_format") or "float"
     tokens = sum(len(ids) for ids in lists)
-    return json_response(
-        {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "index": i, "embedding": encoded(v, encoding)}
-                for i, v in enumerate(vectors)
-            ],
-            "model": name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-    )
+    body = lambda: {  # noqa: E731
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encoded(v, encoding)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    # Off the event loop: a large batch's vectors are megabytes of JSON.
+    return await asyncio.to_thread(lambda: json_response(body()))

@@ -94,7 +94,9 @@ def _view(serializer_class, work, what: str):
         data = await off_loop(deadline, lambda: _parsed(serializer_class, request.body))
         name, svc = get_runtime().resolve(data.get("model"))
         note(request, model=name)
-        return json_response(await off_loop(deadline, lambda: work(svc, data)))
+        # Rendered on the worker too: a 30 MB text's ids are ~8 MB of JSON, whose encoding
+        # on the event loop would stall every stream.
+        return await off_loop(deadline, lambda: json_response(work(svc, data)))
 
     view.__name__ = what
     return view

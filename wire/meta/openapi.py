@@ -38,6 +38,14 @@ _MODEL_ENTRY = obj(
         "tool_choice_required_with_thinking": BOOL,
         "graphs": GRAPHS,
         "attention": ATTENTION,
+        "loaded": {
+            **BOOL,
+            "description": "false: a model on disk (PANTHEON_DISCOVER) that a request "
+            "naming it loads; owned_by says whose store (ollama, lmstudio, huggingface). "
+            "Omitted for loaded models.",
+        },
+        "loadable": {**BOOL, "description": "A model on disk: whether it can load."},
+        "error": {**STRING, "description": "A model on disk that cannot load: why."},
     },
     ("id", "object", "created", "owned_by", "max_sessions", "max_concurrent"),
 )

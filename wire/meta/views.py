@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from pantheon_platform import live_settings, shutdown
+from pantheon_platform.discovery import discovered, find
 from pantheon_platform.errors import (
     ApiError,
     api_error_from,
@@ -33,6 +34,7 @@ from pantheon_platform.runtime import (
     UNLOADING,
     backend_name,
     build_id,
+    default_options,
     device_facts,
     get_runtime,
 )
@@ -105,12 +107,33 @@ def model_row(name: str, svc) -> dict:
     return row
 
 
+def discovered_row(found) -> dict:
+    """A model on disk not loaded yet (pantheon_platform.discovery): loadable, or not and
+    why (a blob that is not a GGUF, a missing file, an unreadable manifest)."""
+    defaults = default_options()  # what the load will get
+    row = {
+        "id": found.name,
+        "object": "model",
+        "created": int(found.modified),
+        "owned_by": found.source,
+        "max_sessions": defaults["max_sessions"],
+        "max_concurrent": defaults["max_concurrent"] or defaults["max_sessions"],
+        "loaded": False,
+        "loadable": not found.error,
+    }
+    if found.error:
+        row["error"] = found.error
+    return row
+
+
 class ModelsView(APIView):
     """GET /v1/models: one row per served name, loaded models only."""
 
     def get(self, request):
         services = get_runtime().services()
         data = [model_row(name, svc) for name, svc in sorted(services.items())]
+        # Models on disk (PANTHEON_DISCOVER) not loaded yet: a request naming one loads it.
+        data += [discovered_row(m) for m in discovered() if m.name not in services]
         return Response(
             {"object": "list", "backend": backend_name(), "build": build_id(), "data": data}
         )
@@ -125,6 +148,8 @@ class ModelView(APIView):
         rt = get_runtime()
         name = rt.follow(model_id)
         svc = rt.services().get(name)
+        if svc is None and (found := find(model_id)) is not None:
+            return Response(discovered_row(found))
         if svc is None:
             raise ApiError(404, _not_served(rt, model_id, name), "model_not_found")
         return Response(model_row(name, svc))

@@ -245,7 +245,10 @@ def parameter_size(svc) -> str:
     label = svc.gguf.metadata.get("general.size_label")
     if isinstance(label, str) and label:
         return label
-    n = svc.gguf.n_params
+    return _size_label(svc.gguf.n_params)
+
+
+def _size_label(n: int) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f}{unit}".replace(".0", "")
@@ -282,6 +285,33 @@ def tags_row(name: str, svc) -> dict:
         "digest": svc.weights_version,
         "details": details(svc),
     }
+
+
+def discovered_tags_row(name: str, found) -> dict:
+    """A model on disk not loaded yet (pantheon_platform.discovery.FoundModel), as
+    /api/tags lists it: its GGUF header read for the details (cached by size and mtime)."""
+    from pantheon_platform.model_files import model_file_info
+
+    row = {
+        "name": name,
+        "model": name,
+        "modified_at": rfc3339(found.modified),
+        "size": found.size_bytes,
+        "digest": found.digest,
+    }
+    try:
+        info = model_file_info(found.path)
+    except (OSError, ValueError):
+        return row
+    row["details"] = {
+        "parent_model": "",
+        "format": "gguf",
+        "family": info.architecture,
+        "families": [info.architecture],
+        "parameter_size": _size_label(info.n_params),
+        "quantization_level": info.quantization,
+    }
+    return row
 
 
 def ps_row(name: str, svc) -> dict:

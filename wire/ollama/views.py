@@ -22,6 +22,7 @@ from pantheon_platform.chat_http import (
     start_turn,
     turn_deadline,
 )
+from pantheon_platform.discovery import discovered, load_if_discovered
 from pantheon_platform.errors import ApiError, json_response, method_not_allowed
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import LOADING, build_id, get_runtime
@@ -128,6 +129,7 @@ async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
         return parse.parse_generate(data, header)
 
     parsed = await off_loop(deadline, parse_body)
+    await load_if_discovered(parsed.model)  # a model on disk (PANTHEON_DISCOVER)
     name, svc = resolve(parsed.model)
     _check_window(parsed, svc)
     if parsed.enable_thinking and not svc.think_style and parsed.raw_prompt is None:
@@ -204,16 +206,17 @@ async def _embed(request: HttpRequest, *, legacy: bool) -> HttpResponse:
     vectors = await asyncio.wrap_future(svc.embed(lists)) if lists else []
     clock.mark_end()
     if legacy:
-        return json_response({"embedding": vectors[0].tolist() if len(vectors) else []})
-    return json_response(
-        {
+        body = lambda: {"embedding": vectors[0].tolist() if len(vectors) else []}  # noqa: E731
+    else:
+        body = lambda: {  # noqa: E731
             "model": parsed.model,
             "embeddings": [v.tolist() for v in vectors],
             "total_duration": clock.end - clock.start,
             "load_duration": clock.ready - clock.start,
             "prompt_eval_count": sum(len(ids) for ids in lists),
         }
-    )
+    # Off the event loop: a large batch's vectors are megabytes of JSON.
+    return await asyncio.to_thread(lambda: json_response(body()))
 
 
 def _token_lists(svc, parsed: parse.EmbedRequest) -> list[list[int]]:
@@ -263,7 +266,14 @@ def tags(request: HttpRequest) -> HttpResponse:
     if refused := _method(request, "GET"):
         return refused
     try:
-        return json_response({"models": [render.tags_row(n, s) for n, s in _listed()]})
+        rows = [render.tags_row(n, s) for n, s in _listed()]
+        listed = {row["name"] for row in rows}
+        rows += [  # models on disk (PANTHEON_DISCOVER) not loaded yet, when they may load
+            render.discovered_tags_row(parse.ollama_name(m.name), m)
+            for m in discovered()
+            if not m.error and parse.ollama_name(m.name) not in listed
+        ]
+        return json_response({"models": rows})
     except Exception as exc:
         return _refusal(exc)
 

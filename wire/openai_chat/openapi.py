@@ -75,6 +75,10 @@ _USAGE = obj(
         "kv_used": NON_NEGATIVE,
         "kv_cap": NON_NEGATIVE,
         "session_conflict": BOOL,
+        "truncated_messages": {
+            **NON_NEGATIVE,
+            "description": 'Messages `truncation: "auto"` dropped to fit (present when any).',
+        },
     },
     (
         "prompt_tokens",

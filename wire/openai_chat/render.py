@@ -51,6 +51,7 @@ def turn_of(chat, request_id: str) -> Turn:
         prediction=data.get("prediction"),
         speculation=data.get("speculation"),
         priority=data.get("priority") or "interactive",
+        truncation=data.get("truncation") or "disabled",
     )
 
 
@@ -124,6 +125,8 @@ def usage_json(usage: Usage, predicted: bool = False) -> dict:
         body["completion_tokens_details"] = details
     if usage.session_conflict:
         body["session_conflict"] = True
+    if usage.truncated_messages:  # truncation "auto" dropped the oldest turns
+        body["truncated_messages"] = usage.truncated_messages
     return body
 
 

@@ -33,6 +33,7 @@ from pantheon_platform.strict_json import (
     StrictCharField,
     StrictFloatField,
     StrictIntegerField,
+    TruncationField,
     invalid_errors,
     parse_json_object,
 )
@@ -246,6 +247,7 @@ class ChatCompletionRequest(serializers.Serializer):
     prediction = PredictionField()
     speculation = SpeculationField()
     priority = PriorityField()
+    truncation = TruncationField()
     # Prefix-cache key, by precedence (then the X-Session-Id header): see session_key().
     session_id = StrictCharField(
         required=False,

@@ -80,6 +80,10 @@ def schemas() -> dict:
             "output_tokens": NON_NEGATIVE,
             "output_tokens_details": obj({"reasoning_tokens": NON_NEGATIVE}, ("reasoning_tokens",)),
             "total_tokens": NON_NEGATIVE,
+            "truncated_messages": {
+                **NON_NEGATIVE,
+                "description": 'Messages `truncation: "auto"` dropped to fit (present when any).',
+            },
         },
         ("input_tokens", "input_tokens_details", "output_tokens", "total_tokens"),
     )

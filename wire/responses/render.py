@@ -34,13 +34,16 @@ def is_response_id(value: str) -> bool:
 
 
 def usage_json(usage: Usage) -> dict:
-    return {
+    body = {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
+    if usage.truncated_messages:  # truncation "auto" dropped the oldest turns
+        body["truncated_messages"] = usage.truncated_messages
+    return body
 
 
 def logprob_json(entry, with_bytes: bool) -> dict:

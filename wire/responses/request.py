@@ -23,7 +23,7 @@ from engine import (
     SamplingParams,
 )
 from pantheon_platform.errors import invalid_request
-from pantheon_platform.strict_json import IDENTIFIER_MAX, SPECULATION_MODES
+from pantheon_platform.strict_json import IDENTIFIER_MAX, SPECULATION_MODES, TRUNCATION_MODES
 from wire.fields import (
     RESPONSES,
     TEXT_MAX,
@@ -58,7 +58,6 @@ METADATA_VALUE_MAX = 512
 # Accepted and not acted on: they change nothing a local model does.
 IGNORED = (
     "include",
-    "truncation",
     "user",
     "safety_identifier",
     "service_tier",
@@ -108,6 +107,7 @@ class ResponsesRequest:
     session_id: str | None  # prompt_cache_key (or the session_id extension)
     top_logprobs: int = 0
     speculation: str | None = None  # the extension: "auto" | "off"; None: the model's
+    truncation: str = "disabled"  # "auto": the oldest turns dropped to fit the window
 
     def sampling(self) -> SamplingParams:
         max_tokens = DEFAULT_MAX_TOKENS
@@ -176,6 +176,7 @@ def parse_request(body: dict) -> ResponsesRequest:
         session_id=session_id or None,
         top_logprobs=top_logprobs,
         speculation=REQUEST.value(body, "speculation"),
+        truncation=REQUEST.value(body, "truncation") or "disabled",
     )
 
 
@@ -354,6 +355,12 @@ def _speculation(value: object, path: str) -> str:
     return value
 
 
+def _truncation(value: object, path: str) -> str:
+    if value not in TRUNCATION_MODES:
+        raise invalid_request(f'{path}: expected "auto" or "disabled"', param=path)
+    return value
+
+
 def _metadata(value: object, path: str) -> dict:
     """OpenAI's metadata: at most 16 string pairs, keys up to 64 characters, values 512."""
     if not isinstance(value, dict):
@@ -477,6 +484,14 @@ REQUEST = Table(
         description='Extension: "auto" (the default) lets the engine draft tokens and '
         "verify them in one pass where the server allows it (PANTHEON_SPECULATION); "
         '"off" never drafts. The output is the same either way.',
+    ),
+    Field(
+        "truncation",
+        Shape({"enum": list(TRUNCATION_MODES)}, _truncation),
+        description='"disabled" (the default) refuses an input past the context window; '
+        '"auto" drops the oldest turns (never the instructions or the latest user message '
+        "on) to fit, leaving the answer max_output_tokens (at most a quarter of the "
+        "window); usage.truncated_messages says how many messages went.",
     ),
     Field("metadata", Shape(_METADATA, _metadata)),
     Field("background", Shape({"const": False})),

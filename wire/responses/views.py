@@ -91,6 +91,7 @@ async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse
         logprobs=req.top_logprobs > 0,
         request_id=response_id,
         speculation=req.speculation,
+        truncation=req.truncation,
     )
     model = req.model or (previous.model_name if previous else None)
     try:
@@ -187,7 +188,7 @@ def _base_response(response_id: str, model: str, req: ResponsesRequest) -> dict:
         "tools": list(req.tools_echo),
         "top_logprobs": req.top_logprobs,
         "top_p": req.top_p,
-        "truncation": "disabled",
+        "truncation": req.truncation,
         "usage": None,
         "metadata": req.metadata,
     }
