@@ -234,8 +234,7 @@ class EngineLoop:
             moves = self.scheduler.lane.pop_moves()  # batch sequences parked, unparked
             self._start(started)
             resuming = [(s, self.requests.get(s.group_id)) for s in started]
-        self.keeper.move_parked(moves)  # before anything writes into a parked slot
-        resumed = self.keeper.resume_prefixes(resuming)  # KV copies, outside the lock
+        resumed = self.keeper.resume_prefixes(resuming, moves)  # KV copies, outside the lock
         with self.lock:
             for group_id, cached in resumed:
                 self.scheduler.resume(group_id, cached)

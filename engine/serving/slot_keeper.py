@@ -45,12 +45,14 @@ class SlotKeeper:
         return len(slots)
 
     def resume_prefixes(
-        self, resuming: list[tuple[Started, EngineRequest | None]]
+        self, resuming: list[tuple[Started, EngineRequest | None]], moves=None
     ) -> list[tuple[int, int]]:
         """Groups just admitted whose prompt begins with KV that exists already: a session
         turn's conversation (copied into the group's first slot unless that slot still
         holds it) and whatever that slot itself still holds (the prefix cache), whichever
         covers more. Returns (group id, cached tokens) to resume."""
+        if moves:  # batch sequences parked first: before anything writes their slots
+            self.move_parked(moves)
         resumed = []
         for started, req in resuming:
             copy = self.slot_contents.copy_source(started.slots[0]) if started.slots else None
