@@ -73,12 +73,14 @@ class Backend(ABC):
         uint8, exactly the file's bytes."""
 
     def stacked_weight(self, parts: list[Weight]) -> Weight:
-        """Block matrices stacked along `out` (q, k and v as one matrix, one matmul).
-        Default: one block matrix when the parts share a type (block rows are independent,
-        so stacking matrices is stacking their rows), else dequantised into one dense
-        matrix. A backend with a kernel per type may keep the parts apart instead
+        """Matrices stacked along `out` (q, k and v as one matrix, one matmul). Default:
+        one float matrix for float parts; one block matrix when they share a block type
+        (block rows are independent, so stacking matrices is stacking their rows); else
+        dequantised into one dense matrix. A backend with a kernel per type may keep the parts apart instead
         (kernels.cpu.backend: no copy of the file's bytes)."""
         k = parts[0].shape[1]
+        if not any(p.is_blocks for p in parts):  # float values: one float matrix
+            return self.dense_weight(np.concatenate([np.asarray(p.data) for p in parts]))
         if len({p.storage for p in parts}) == 1:
             blocks = np.concatenate([p.data for p in parts])
             return self.block_weight(blocks, parts[0].meta["qtype"], (len(blocks), k))

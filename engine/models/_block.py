@@ -27,6 +27,7 @@ from kernels.weights import RopeTable, Weight
 from ..loading.gguf_file import GGUFFile
 from ..loading.tensors import TensorSource
 from ..types import ModelLoadError
+from ._moe import MoeParams, MoeSpec, load_moe
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ArchSpec:
     default_rope_base: float = 10000.0
     default_eps: float = 1e-5
     partial_rope: bool = False  # rope.dimension_count < head_dim supported (no: refuse)
+    moe: MoeSpec | None = None  # a mixture-of-experts FFN on every layer (models/_moe.py)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class HParams:
             n_head=n_head,
             n_kv_head=int(gf.arch_value("attention.head_count_kv", n_head)),
             head_dim=head_dim,
-            d_ff=int(gf.arch_value("feed_forward_length")),
+            d_ff=int(gf.arch_value("feed_forward_length", 0 if spec.moe else None)),
             vocab_size=int(vocab),
             n_ctx_train=int(gf.arch_value("context_length", spec.default_ctx)),
             rope_base=float(gf.arch_value("rope.freq_base", spec.default_rope_base)),
@@ -100,8 +102,8 @@ class LayerWeights:
     attn_qkv: Weight  # (Dq + 2 Dkv, D): q, k, v rows fused into one matmul
     attn_output: Weight  # (D, Dq)
     ffn_norm: Any
-    ffn_gate_up: Weight  # (2 F, D): gate and up fused
-    ffn_down: Weight  # (D, F)
+    ffn_gate_up: Weight | None  # (2 F, D): gate and up fused (None: an MoE layer)
+    ffn_down: Weight | None  # (D, F)
     rope: RopeTable  # this layer's table (gemma3: local or global base)
     window: int = 0  # > 0: sliding-window layer
     attn_qkv_bias: Any = None  # (Dq + 2 Dkv,)
@@ -109,6 +111,7 @@ class LayerWeights:
     attn_k_norm: Any = None
     post_attention_norm: Any = None  # (D,)
     post_ffw_norm: Any = None
+    moe: Any = None  # models._moe.MoeWeights: router and experts in place of the FFN
 
 
 class Prefill:
@@ -205,17 +208,22 @@ class DecoderModel:
             source.matrix("token_embd.weight") if self.embeds or (self.heads and tied) else None
         )
         self.layers: list[LayerWeights] = []
+        moe = MoeParams.from_gguf(gf, spec.moe) if spec.moe else None
         for i in layers:
             p = f"blk.{i}."
             qkv_names = [p + f"attn_{x}.weight" for x in "qkv"]
             is_global = hp.is_global(i, spec)
+            ffn_gate_up = ffn_down = None  # an MoE layer has experts instead (below)
+            if moe is None:
+                ffn_gate_up = source.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"])
+                ffn_down = source.matrix(p + "ffn_down.weight")
             layer = LayerWeights(
                 attn_norm=source.vector(p + "attn_norm.weight"),
                 attn_qkv=source.matrix(qkv_names),
                 attn_output=source.matrix(p + "attn_output.weight"),
                 ffn_norm=source.vector(p + "ffn_norm.weight"),
-                ffn_gate_up=source.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"]),
-                ffn_down=source.matrix(p + "ffn_down.weight"),
+                ffn_gate_up=ffn_gate_up,
+                ffn_down=ffn_down,
                 rope=rope_global if is_global else rope_local,
                 window=0 if is_global else hp.sliding_window,
             )
@@ -227,6 +235,8 @@ class DecoderModel:
                 optional = spec.qk_norm == "optional"
                 layer.attn_q_norm = source.vector(p + "attn_q_norm.weight", optional)
                 layer.attn_k_norm = source.vector(p + "attn_k_norm.weight", optional)
+            if moe is not None:
+                layer.moe = load_moe(source, p, moe)
             if spec.sandwich_norms:
                 layer.post_attention_norm = source.vector(p + "post_attention_norm.weight")
                 layer.post_ffw_norm = source.vector(p + "post_ffw_norm.weight")
@@ -244,7 +254,8 @@ class DecoderModel:
         self.fallback_types = {} if be.name == "numpy" else dict(source.fallback)
         # The whole decode stack as one compiled call where the backend has one (bitwise
         # the per-op `block`; tests compare the two), else None.
-        self.decode_stack = be.decode_stack(self.layers, hp, spec)
+        # (Not for MoE layers: their routing picks each step's products on the host.)
+        self.decode_stack = None if moe is not None else be.decode_stack(self.layers, hp, spec)
 
     # ---- what the service asks of a model ----
 
@@ -404,8 +415,11 @@ class DecoderModel:
         x = x + out
 
         h = be.rms_norm(x, layer.ffn_norm, hp.eps)
-        gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
-        out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
+        if layer.moe is not None:
+            out = layer.moe.forward(be, h, step, spec.activation)
+        else:
+            gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
+            out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
         if layer.post_ffw_norm is not None:
             out = be.rms_norm(out, layer.post_ffw_norm, hp.eps)
         return x + out
