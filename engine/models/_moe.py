@@ -8,10 +8,12 @@ copy), so a product reads only the chosen experts' blocks. The rows of a step ar
 by expert: each chosen expert is one product over every row routed to it (decode: the B
 rows of the step share its weight read; prefill: the chunk's tokens).
 
-Batch invariance: routing is row-wise (softmax or sigmoid over the row's own logits, a
-stable top-k), each expert product goes through the step's `linear` (row-invariant for
-decode), and the k outputs are summed in rank order (highest router weight first), so a
-row's result is the same bits alone or in any batch. A packed prefill (several chunks in
+Routing, grouping and the weighted sum are the backend's (`Backend.mixture`,
+kernels/moe.py); the expert products are the step's `linear` here. Batch invariance:
+routing is row-wise (softmax or sigmoid over the row's own logits, a stable top-k), each
+expert product goes through the step's `linear` (row-invariant for decode), and the k
+outputs are summed in rank order (highest router weight first), so a row's result is the
+same bits alone or in any batch. A packed prefill (several chunks in
 one pass) groups each chunk's tokens on their own, so each chunk gets the row counts —
 and the kernels — its own pass would give it.
 """
@@ -21,9 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from kernels.reference.backend import array_module
 from kernels.weights import Weight
 
 from ..types import ModelLoadError
@@ -73,26 +72,6 @@ class MoeParams:
         )
 
 
-def route(logits: np.ndarray, params: MoeParams) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's k experts, best first, and their weights: (n, k) int64 and float32.
-
-    Row-wise in float64 (the same bits for a row whatever else is in `logits`); ties go to
-    the lower expert id (a stable sort)."""
-    z = np.asarray(logits, dtype=np.float64)
-    if params.gating == "softmax":
-        probs = np.exp(z - z.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
-    else:
-        probs = 1.0 / (1.0 + np.exp(-z))
-    chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : params.n_used]
-    weights = np.take_along_axis(probs, chosen, axis=-1)
-    if params.norm_topk:
-        weights /= weights.sum(axis=-1, keepdims=True)
-    if params.scale != 1.0:
-        weights *= params.scale
-    return chosen, weights.astype(np.float32)
-
-
 @dataclass(eq=False)
 class MoeWeights:
     """One layer's router and experts (and a shared expert, where the file has one)."""
@@ -113,40 +92,20 @@ class MoeWeights:
     def forward(self, be, h, step, activation: str) -> Any:
         """The FFN of n normed rows h (n, D) on `step` (the block's Prefill, PackedPrefill
         or Decode): (n, D)."""
-        xp = array_module(h)
-        n, k = h.shape[0], self.params.n_used
-        chosen, weights = route(be.to_host(step.linear(h, self.router)), self.params)
-        # ranked[j]: every row's output of its j-th expert, filled expert by expert.
-        ranked = [None] * k
-        for rows in _segments(step, n):
-            for expert in np.unique(chosen[rows]):
-                hit, ranks = np.nonzero(chosen[rows] == expert)
-                at = hit + rows.start
-                y = self._expert(be, h[_index(xp, at)], step, int(expert), activation)
-                for j in np.unique(ranks):
-                    if ranked[j] is None:
-                        ranked[j] = xp.empty((n, y.shape[1]), dtype=y.dtype)
-                    pick = ranks == j
-                    ranked[j][_index(xp, at[pick])] = y[_index(xp, np.nonzero(pick)[0])]
-        w = weights if xp is np else xp.asarray(weights)
-        out = ranked[0] * w[:, 0:1]
-        for j in range(1, k):  # rank order: a row's sum is the same alone or batched
-            out = out + ranked[j] * w[:, j : j + 1]
+        p = self.params
+
+        def expert(e: int, rows):
+            gate_up = step.linear(rows, self.gate_up[e])
+            return step.linear(be.glu(gate_up, p.d_ff, activation), self.down[e])
+
+        logits = step.linear(h, self.router)
+        segments = _segments(step, h.shape[0])
+        out = be.mixture(h, logits, expert, segments, p.n_used, p.gating, p.norm_topk, p.scale)
         if self.shared_gate_up is not None:
-            hidden = be.glu(
-                step.linear(h, self.shared_gate_up), self.shared_down.shape[1], activation
-            )
+            width = self.shared_down.shape[1]
+            hidden = be.glu(step.linear(h, self.shared_gate_up), width, activation)
             out = out + step.linear(hidden, self.shared_down)
         return out
-
-    def _expert(self, be, x, step, expert: int, activation: str):
-        gate_up = step.linear(x, self.gate_up[expert])
-        return step.linear(be.glu(gate_up, self.params.d_ff, activation), self.down[expert])
-
-
-def _index(xp, rows: np.ndarray):
-    """Row indices as the array module of the activations wants them."""
-    return rows if xp is np else xp.asarray(rows)
 
 
 def _segments(step, n: int) -> list[slice]:

@@ -14,8 +14,9 @@ import pytest
 
 from engine.loading.gguf_file import GGUFFile
 from engine.models import architecture_module, supported_architectures
-from engine.models._moe import MoeParams, route
+from engine.models._moe import MoeParams
 from kernels import get_backend
+from kernels.moe import route
 from kernels.reference.backend import NumpyBackend
 from kernels.xp.backend import XpBackend
 from tests.engine.models.test_architectures import greedy
@@ -105,29 +106,26 @@ def test_the_experts_are_views_of_the_files_blocks(cpu_model):
 
 
 def test_routing_picks_the_top_k_and_renormalises():
-    params = MoeParams(n_expert=4, n_used=2, d_ff=8, gating="softmax", norm_topk=True)
     logits = np.array([[0.0, 2.0, 1.0, -1.0], [1.0, 1.0, 1.0, 0.0]], dtype=np.float32)
-    chosen, weights = route(logits, params)
+    chosen, weights = route(logits, 2, "softmax", norm_topk=True)
     assert chosen.tolist() == [[1, 2], [0, 1]]  # a tie goes to the lower expert id
     e = np.exp([2.0, 1.0])
     np.testing.assert_allclose(weights[0], e / e.sum(), rtol=1e-6)
     np.testing.assert_allclose(weights[1], [0.5, 0.5], rtol=1e-6)
     # Without renormalising, the softmax over all experts; sigmoid gating likewise per expert.
-    unnormed = MoeParams(4, 2, 8, "softmax", norm_topk=False)
     full = np.exp(logits[0] - 2.0) / np.exp(logits[0] - 2.0).sum()
-    np.testing.assert_allclose(route(logits, unnormed)[1][0], full[[1, 2]], rtol=1e-6)
-    sigmoid = MoeParams(4, 2, 8, "sigmoid", norm_topk=False, scale=2.0)
-    np.testing.assert_allclose(
-        route(logits, sigmoid)[1][0], 2.0 / (1.0 + np.exp(-np.array([2.0, 1.0]))), rtol=1e-6
-    )
+    np.testing.assert_allclose(route(logits, 2, "softmax", False)[1][0], full[[1, 2]], rtol=1e-6)
+    sigmoid = route(logits, 2, "sigmoid", norm_topk=False, scale=2.0)[1][0]
+    np.testing.assert_allclose(sigmoid, 2.0 / (1.0 + np.exp(-np.array([2.0, 1.0]))), rtol=1e-6)
+    with pytest.raises(ValueError, match="gating"):
+        route(logits, 2, "relu", norm_topk=True)
 
 
 def test_a_row_routes_the_same_alone_or_batched():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((33, 128)).astype(np.float32)
-    params = MoeParams(n_expert=128, n_used=8, d_ff=8, gating="softmax", norm_topk=True)
-    chosen, weights = route(logits, params)
+    chosen, weights = route(logits, 8, "softmax", norm_topk=True)
     for row in (0, 7, 32):
-        one_chosen, one_weights = route(logits[row : row + 1], params)
+        one_chosen, one_weights = route(logits[row : row + 1], 8, "softmax", norm_topk=True)
         assert np.array_equal(one_chosen[0], chosen[row])
         assert np.array_equal(one_weights[0], weights[row])
