@@ -40,14 +40,19 @@ def route(
 
 
 def groups(chosen: np.ndarray, rows: slice) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """(expert, row indices, ranks) for every expert chosen by rows `rows`: the rows (in
-    order) that expert serves and at which rank each chose it."""
+    """(expert, row indices, ranks) for every expert chosen by rows `rows`, by expert id:
+    the rows (ascending) that expert serves and at which rank each chose it."""
     block = chosen[rows]
-    out = []
-    for expert in np.unique(block):
-        hit, ranks = np.nonzero(block == expert)
-        out.append((int(expert), hit + rows.start, ranks))
-    return out
+    k = block.shape[1]
+    flat = block.ravel()
+    order = np.argsort(flat, kind="stable")  # by expert, row-major within one
+    ids = flat[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)]
+    return [
+        (int(ids[a]), order[a:b] // k + rows.start, order[a:b] % k)
+        for a, b in zip(starts, ends, strict=True)
+    ]
 
 
 def array_module(x):
@@ -80,17 +85,15 @@ def mixture(
     def index(a: np.ndarray):
         return a if xp is np else xp.asarray(a)
 
-    ranked: list[Any] = [None] * n_used  # ranked[j]: every row's output of its j-th expert
+    ranked = None  # (n, k, D): every row's output of its j-th expert at [row, j]
     for rows in segments:
         for e, at, ranks in groups(chosen, rows):
             y = expert(e, x[index(at)])
-            for j in np.unique(ranks):
-                if ranked[j] is None:
-                    ranked[j] = xp.empty((n, y.shape[1]), dtype=y.dtype)
-                pick = np.nonzero(ranks == j)[0]
-                ranked[j][index(at[pick])] = y[index(pick)]
+            if ranked is None:
+                ranked = xp.empty((n, n_used, y.shape[1]), dtype=y.dtype)
+            ranked[index(at), index(ranks)] = y
     w = index(weights)
-    out = ranked[0] * w[:, 0:1]
+    out = ranked[:, 0] * w[:, 0:1]
     for j in range(1, n_used):  # rank order: a row's sum is the same alone or batched
-        out = out + ranked[j] * w[:, j : j + 1]
+        out = out + ranked[:, j] * w[:, j : j + 1]
     return out
