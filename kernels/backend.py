@@ -77,8 +77,8 @@ class Backend(ABC):
         """Matrices stacked along `out` (q, k and v as one matrix, one matmul). Default:
         one float matrix for float parts; one block matrix when they share a block type
         (block rows are independent, so stacking matrices is stacking their rows); else
-        dequantised into one dense matrix. A backend with a kernel per type may keep the parts apart instead
-        (kernels.cpu.backend: no copy of the file's bytes)."""
+        dequantised into one dense matrix. A backend with a kernel per type may keep the
+        parts apart instead (kernels.cpu.backend: no copy of the file's bytes)."""
         k = parts[0].shape[1]
         if not any(p.is_blocks for p in parts):  # float values: one float matrix
             return self.dense_weight(np.concatenate([np.asarray(p.data) for p in parts]))
