@@ -102,8 +102,8 @@ class LayerWeights:
     attn_qkv: Weight  # (Dq + 2 Dkv, D): q, k, v rows fused into one matmul
     attn_output: Weight  # (D, Dq)
     ffn_norm: Any
-    ffn_gate_up: Weight | None  # (2 F, D): gate and up fused (None: an MoE layer)
-    ffn_down: Weight | None  # (D, F)
+    ffn_gate_up: Weight  # (2 F, D): gate and up fused
+    ffn_down: Weight  # (D, F)
     rope: RopeTable  # this layer's table (gemma3: local or global base)
     window: int = 0  # > 0: sliding-window layer
     attn_qkv_bias: Any = None  # (Dq + 2 Dkv,)
@@ -111,7 +111,9 @@ class LayerWeights:
     attn_k_norm: Any = None
     post_attention_norm: Any = None  # (D,)
     post_ffw_norm: Any = None
-    moe: Any = None  # models._moe.MoeWeights: router and experts in place of the FFN
+    # models._moe.MoeWeights: router and experts in place of the FFN (ffn_gate_up and
+    # ffn_down are None then)
+    moe: Any = None
 
 
 class Prefill:
@@ -254,8 +256,7 @@ class DecoderModel:
         self.fallback_types = {} if be.name == "numpy" else dict(source.fallback)
         # The whole decode stack as one compiled call where the backend has one (bitwise
         # the per-op `block`; tests compare the two), else None.
-        # (Not for MoE layers: their routing picks each step's products on the host.)
-        self.decode_stack = None if moe is not None else be.decode_stack(self.layers, hp, spec)
+        self.decode_stack = be.decode_stack(self.layers, hp, spec)
 
     # ---- what the service asks of a model ----
 
