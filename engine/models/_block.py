@@ -36,6 +36,7 @@ class ArchSpec:
 
     neox_rope: bool  # rotate halves (qwen2/3, gemma3), not adjacent pairs (GGUF llama)
     activation: str = "silu"  # of the gated FFN: "silu" or "gelu_tanh"
+    moe: MoeSpec | None = None  # a mixture-of-experts FFN on every layer (models/_moe.py)
     qkv_bias: bool = False  # q/k/v biases, read when the file has them (qwen2)
     qk_norm: str = "none"  # per-head RMSNorm of q and k: "none", "optional", "required"
     sandwich_norms: bool = False  # gemma3: RMSNorm after attention and after the FFN too
@@ -49,7 +50,6 @@ class ArchSpec:
     default_rope_base: float = 10000.0
     default_eps: float = 1e-5
     partial_rope: bool = False  # rope.dimension_count < head_dim supported (no: refuse)
-    moe: MoeSpec | None = None  # a mixture-of-experts FFN on every layer (models/_moe.py)
 
 
 @dataclass(frozen=True)
