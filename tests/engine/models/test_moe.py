@@ -14,7 +14,7 @@ import pytest
 
 from engine.loading.gguf_file import GGUFFile
 from engine.models import architecture_module, supported_architectures
-from engine.models._moe import MoeParams
+from engine.models._moe import MoeParams, MoeWeights
 from kernels import get_backend
 from kernels.moe import route
 from kernels.reference.backend import NumpyBackend
@@ -129,3 +129,50 @@ def test_a_row_routes_the_same_alone_or_batched():
         one_chosen, one_weights = route(logits[row : row + 1], 8, "softmax", norm_topk=True)
         assert np.array_equal(one_chosen[0], chosen[row])
         assert np.array_equal(one_weights[0], weights[row])
+
+
+def test_the_mixture_is_the_weighted_sum_of_its_experts_plus_the_shared_one():
+    """MoeWeights.forward against the formula written out row by row in numpy, with a
+    shared expert (the hook no shipped architecture uses yet) and a packed prefill's
+    segments."""
+    be, rng = NumpyBackend(), np.random.default_rng(5)
+    D, F, E, k = 16, 8, 6, 3
+    gate, up = rng.standard_normal((2, E, F, D)).astype(np.float32)
+    down = rng.standard_normal((E, D, F)).astype(np.float32)
+    router = rng.standard_normal((E, D)).astype(np.float32)
+    shared = rng.standard_normal((2 * F, D)).astype(np.float32)
+    shared_down = rng.standard_normal((D, F)).astype(np.float32)
+    moe = MoeWeights(
+        params=MoeParams(n_expert=E, n_used=k, d_ff=F, gating="softmax", norm_topk=True),
+        router=be.dense_weight(router),
+        gate_up=[be.dense_weight(np.concatenate([gate[e], up[e]])) for e in range(E)],
+        down=[be.dense_weight(down[e]) for e in range(E)],
+        shared_gate_up=be.dense_weight(shared),
+        shared_down=be.dense_weight(shared_down),
+    )
+
+    def silu(v):
+        return v / (1.0 + np.exp(-v))
+
+    x = rng.standard_normal((7, D)).astype(np.float32)
+    expected = []
+    for row in x.astype(np.float64):
+        logits = router @ row
+        probs = np.exp(logits - logits.max())
+        top = np.argsort(-probs)[:k]
+        weights = probs[top] / probs[top].sum()
+        out = sum(
+            w * (down[e] @ (silu(gate[e] @ row) * (up[e] @ row)))
+            for w, e in zip(weights, top, strict=True)
+        )
+        expected.append(out + shared_down @ (silu(shared[:F] @ row) * (shared[F:] @ row)))
+
+    class Rows:  # a Decode-like step: the row kernel
+        linear = staticmethod(be.linear)
+
+    class Packed(Rows):  # a packed prefill of two chunks: (slot, start, rows)
+        chunks = [(0, 0, 3), (1, 0, 4)]
+
+    for step in (Rows(), Packed()):
+        got = moe.forward(be, x, step, "silu")
+        np.testing.assert_allclose(got, np.asarray(expected), rtol=2e-4, atol=2e-4)
