@@ -61,7 +61,11 @@ class MoeParams:
             if kind not in GATING:
                 raise ModelLoadError(f"{gf.architecture}: unknown expert_gating_func {kind}")
             gating = GATING[kind]
-        d_ff = gf.arch_value("expert_feed_forward_length", gf.arch_value("feed_forward_length"))
+        d_ff = gf.arch_value("expert_feed_forward_length")
+        if d_ff is None and gf.has_tensor("blk.0.ffn_gate_exps.weight"):
+            d_ff = gf.tensors["blk.0.ffn_gate_exps.weight"].shape[1]  # [D, F, E]
+        if d_ff is None:
+            raise ModelLoadError(f"{gf.architecture}: no expert_feed_forward_length")
         return cls(
             n_expert=n_expert,
             n_used=n_used,
@@ -135,6 +139,8 @@ def load_moe(source, prefix: str, params: MoeParams) -> MoeWeights:
     )
     if layer.router.shape[0] != E:
         raise ModelLoadError(f"{prefix}ffn_gate_inp has {layer.router.shape[0]} rows, not {E}")
+    if gates[0].shape[0] != params.d_ff or downs[0].shape[1] != params.d_ff:
+        raise ModelLoadError(f"{prefix}experts are not {params.d_ff} wide")
     if source.has(prefix + "ffn_gate_shexp.weight"):
         layer.shared_gate_up = source.matrix(
             [prefix + "ffn_gate_shexp.weight", prefix + "ffn_up_shexp.weight"]
