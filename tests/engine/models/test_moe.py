@@ -176,3 +176,30 @@ def test_the_mixture_is_the_weighted_sum_of_its_experts_plus_the_shared_one():
     for step in (Rows(), Packed()):
         got = moe.forward(be, x, step, "silu")
         np.testing.assert_allclose(got, np.asarray(expected), rtol=2e-4, atol=2e-4)
+
+
+LLAMA_CPP_TOLERANCE = 0.2  # llama.cpp rounds the activations of its Q8_0 products (Q8_1)
+
+
+def test_tiny_qwen3moe_agrees_with_llama_cpp(cpu_model):
+    """The second reference (scripts/reference_moe_llamacpp.py): llama.cpp reads the file
+    as qwen3moe and computes the same function, to its activation rounding."""
+    ref = json.loads((TINY / "tiny_moe_llamacpp.json").read_text("utf-8"))["models"][0]
+    assert hashlib.sha256(PATH.read_bytes()).hexdigest() == ref["sha256"]
+    for case in ref["cases"]:
+        prompt = case["prompt_ids"]
+        kv = cpu_model.make_kv_cache(1, 64)
+        logits = cpu_model.forward(np.asarray(prompt), 0, kv, 0, all_logits=True)
+        np.testing.assert_allclose(
+            logits.max(-1), case["per_position_max_logit"], atol=LLAMA_CPP_TOLERANCE
+        )
+        for got, want, margin in zip(
+            logits.argmax(-1), case["per_position_argmax"], case["per_position_margin"], strict=True
+        ):
+            assert got == want or margin < LLAMA_CPP_TOLERANCE
+        top5 = logits[-1][case["last_logits_top5_ids"]]
+        np.testing.assert_allclose(top5, case["last_logits_top5"], atol=LLAMA_CPP_TOLERANCE)
+        expected, margins = case["greedy_ids"], case["top1_top2_margin"]
+        got, _ = greedy(cpu_model, prompt, len(expected))
+        tie = next((i for i, m in enumerate(margins) if m < LLAMA_CPP_TOLERANCE), len(expected))
+        assert got[:tie] == expected[:tie]
