@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kernels import moe
 from kernels.quants import dequantize_rows
 from kernels.weights import RopeTable, Weight
 
@@ -73,12 +74,14 @@ class Backend(ABC):
         uint8, exactly the file's bytes."""
 
     def stacked_weight(self, parts: list[Weight]) -> Weight:
-        """Block matrices stacked along `out` (q, k and v as one matrix, one matmul).
-        Default: one block matrix when the parts share a type (block rows are independent,
-        so stacking matrices is stacking their rows), else dequantised into one dense
-        matrix. A backend with a kernel per type may keep the parts apart instead
-        (kernels.cpu.backend: no copy of the file's bytes)."""
+        """Matrices stacked along `out` (q, k and v as one matrix, one matmul). Default:
+        one float matrix for float parts; one block matrix when they share a block type
+        (block rows are independent, so stacking matrices is stacking their rows); else
+        dequantised into one dense matrix. A backend with a kernel per type may keep the
+        parts apart instead (kernels.cpu.backend: no copy of the file's bytes)."""
         k = parts[0].shape[1]
+        if not any(p.is_blocks for p in parts):  # float values: one float matrix
+            return self.dense_weight(np.concatenate([np.asarray(p.data) for p in parts]))
         if len({p.storage for p in parts}) == 1:
             blocks = np.concatenate([p.data for p in parts])
             return self.block_weight(blocks, parts[0].meta["qtype"], (len(blocks), k))
@@ -184,6 +187,28 @@ class Backend(ABC):
         """One new position per row: row b writes k[b], v[b] at positions[b] of slots[b]
         and attends over that slot's own positions. Returns (B, H * Dh); each row
         computed exactly as alone."""
+
+    def mixture(
+        self,
+        x: Array,
+        router_logits: Array,
+        expert: Callable[[int, Array], Array],
+        segments: Sequence[slice],
+        n_used: int,
+        gating: str = "softmax",
+        norm_topk: bool = True,
+        scale: float = 1.0,
+    ) -> Array:
+        """A mixture-of-experts FFN around its expert products (kernels/moe.py): each row
+        of x (n, D) routed by its router logits (n, E) to its `n_used` best experts
+        (softmax or sigmoid gating, renormalised with norm_topk, times scale), the rows
+        of a segment grouped by expert so `expert(e, rows)` runs once per chosen expert,
+        and each row's outputs summed in rank order. The logits come to the host: which
+        products run is decided there. Row-wise throughout (batch invariant, given an
+        `expert` that is)."""
+        return moe.mixture(
+            x, self.to_host(router_logits), expert, segments, n_used, gating, norm_topk, scale
+        )
 
     def decode_stack(self, layers: Sequence, hp, spec) -> Callable | None:
         """Optionally, the whole layer stack of a decode step as one compiled call:

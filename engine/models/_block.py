@@ -27,6 +27,7 @@ from kernels.weights import RopeTable, Weight
 from ..loading.gguf_file import GGUFFile
 from ..loading.tensors import TensorSource
 from ..types import ModelLoadError
+from ._moe import MoeParams, MoeSpec, load_moe
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ArchSpec:
 
     neox_rope: bool  # rotate halves (qwen2/3, gemma3), not adjacent pairs (GGUF llama)
     activation: str = "silu"  # of the gated FFN: "silu" or "gelu_tanh"
+    moe: MoeSpec | None = None  # a mixture-of-experts FFN on every layer (models/_moe.py)
     qkv_bias: bool = False  # q/k/v biases, read when the file has them (qwen2)
     qk_norm: str = "none"  # per-head RMSNorm of q and k: "none", "optional", "required"
     sandwich_norms: bool = False  # gemma3: RMSNorm after attention and after the FFN too
@@ -79,7 +81,7 @@ class HParams:
             n_head=n_head,
             n_kv_head=int(gf.arch_value("attention.head_count_kv", n_head)),
             head_dim=head_dim,
-            d_ff=int(gf.arch_value("feed_forward_length")),
+            d_ff=int(gf.arch_value("feed_forward_length", 0 if spec.moe else None)),
             vocab_size=int(vocab),
             n_ctx_train=int(gf.arch_value("context_length", spec.default_ctx)),
             rope_base=float(gf.arch_value("rope.freq_base", spec.default_rope_base)),
@@ -109,6 +111,9 @@ class LayerWeights:
     attn_k_norm: Any = None
     post_attention_norm: Any = None  # (D,)
     post_ffw_norm: Any = None
+    # models._moe.MoeWeights: router and experts in place of the FFN (ffn_gate_up and
+    # ffn_down are None then)
+    moe: Any = None
 
 
 class Prefill:
@@ -205,17 +210,22 @@ class DecoderModel:
             source.matrix("token_embd.weight") if self.embeds or (self.heads and tied) else None
         )
         self.layers: list[LayerWeights] = []
+        moe = MoeParams.from_gguf(gf, spec.moe) if spec.moe else None
         for i in layers:
             p = f"blk.{i}."
             qkv_names = [p + f"attn_{x}.weight" for x in "qkv"]
             is_global = hp.is_global(i, spec)
+            ffn_gate_up = ffn_down = None  # an MoE layer has experts instead (below)
+            if moe is None:
+                ffn_gate_up = source.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"])
+                ffn_down = source.matrix(p + "ffn_down.weight")
             layer = LayerWeights(
                 attn_norm=source.vector(p + "attn_norm.weight"),
                 attn_qkv=source.matrix(qkv_names),
                 attn_output=source.matrix(p + "attn_output.weight"),
                 ffn_norm=source.vector(p + "ffn_norm.weight"),
-                ffn_gate_up=source.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"]),
-                ffn_down=source.matrix(p + "ffn_down.weight"),
+                ffn_gate_up=ffn_gate_up,
+                ffn_down=ffn_down,
                 rope=rope_global if is_global else rope_local,
                 window=0 if is_global else hp.sliding_window,
             )
@@ -227,6 +237,8 @@ class DecoderModel:
                 optional = spec.qk_norm == "optional"
                 layer.attn_q_norm = source.vector(p + "attn_q_norm.weight", optional)
                 layer.attn_k_norm = source.vector(p + "attn_k_norm.weight", optional)
+            if moe is not None:
+                layer.moe = load_moe(source, p, moe)
             if spec.sandwich_norms:
                 layer.post_attention_norm = source.vector(p + "post_attention_norm.weight")
                 layer.post_ffw_norm = source.vector(p + "post_ffw_norm.weight")
@@ -404,8 +416,11 @@ class DecoderModel:
         x = x + out
 
         h = be.rms_norm(x, layer.ffn_norm, hp.eps)
-        gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
-        out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
+        if layer.moe is not None:
+            out = layer.moe.forward(be, h, step, spec.activation)
+        else:
+            gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
+            out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
         if layer.post_ffw_norm is not None:
             out = be.rms_norm(out, layer.post_ffw_norm, hp.eps)
         return x + out

@@ -64,7 +64,10 @@ class PipelineModel:
         self.reached = False  # a forward pass has gone through the layers (attention)
         # CUDA graphs of each stage's decode step, per batch-size bucket, where every
         # stage's backend can capture one (the cuda backend); None: direct kernels only.
-        can_capture = all(s.model.backend.captures_graphs for s in stages)
+        # Not with mixture-of-experts layers: their routing is read on the host each step.
+        can_capture = all(
+            s.model.backend.captures_graphs and s.model.spec.moe is None for s in stages
+        )
         self.graphs = GraphSlots() if can_capture else None
         self.fallback_types = {}
         for stage in stages:
