@@ -32,6 +32,12 @@ class ServedModel(models.Model):
         default="",
         help_text="Embeddings: mean, last, cls (empty: default).",
     )
+    kv_dtype = models.CharField(
+        max_length=8,
+        default="f32",
+        choices=[("f32", "f32 (exact)"), ("f16", "f16"), ("q8_0", "q8_0")],
+        help_text="KV cache type: f32 (exact), f16 (half the memory) or q8_0 (~3.8x less).",
+    )
     pinned = models.BooleanField(default=False, help_text="Never evicted to make room.")
     should_load = models.BooleanField(
         default=False, help_text="Loaded when the server stops, so loaded again at start."

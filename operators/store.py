@@ -18,6 +18,7 @@ OPTIONS = (
     "quantize",
     "chat_template",
     "pooling",
+    "kv_dtype",
 )
 
 

@@ -266,8 +266,9 @@ class DecoderModel:
     kv_dtype = kv_types.DEFAULT_KV_DTYPE
 
     def use_kv_dtype(self, kv_dtype: str) -> None:
-        """Keep this model's KV caches (made from now on) as `kv_dtype`; ValueError when it
-        is no KV type, or the head size or the backend cannot store it."""
+        """Keep this model's KV caches (made from now on, unless `make_kv_cache` names
+        another) as `kv_dtype`; ValueError when it is no KV type, or the head size or the
+        backend cannot store it."""
         kv_dtype = kv_types.check_kv_dtype(kv_dtype)
         problem = kv_types.fits(kv_dtype, self.hp.head_dim)
         if problem is None and kv_dtype not in self.backend.kv_dtypes:
@@ -279,11 +280,12 @@ class DecoderModel:
             raise ValueError(problem)
         self.kv_dtype = kv_dtype
 
-    def make_kv_cache(self, n_slots: int, n_ctx: int):
+    def make_kv_cache(self, n_slots: int, n_ctx: int, kv_dtype: str | None = None):
+        """A KV cache for this model's layers, stored as `kv_dtype` (None: the model's)."""
         hp = self.hp
         n_layer = len(self.layers)
         return self.backend.make_kv_cache(
-            n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim, self.kv_dtype
+            n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim, kv_dtype or self.kv_dtype
         )
 
     def forward(self, tokens, start: int, kv, slot: int, all_logits: bool = False) -> np.ndarray:

@@ -108,8 +108,10 @@ class PipelineModel:
         for stage in self.stages:
             stage.model.use_kv_dtype(kv_dtype)
 
-    def make_kv_cache(self, n_slots: int, n_ctx: int) -> SplitKV:
-        return SplitKV([(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx)) for s in self.stages])
+    def make_kv_cache(self, n_slots: int, n_ctx: int, kv_dtype: str | None = None) -> SplitKV:
+        return SplitKV(
+            [(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx, kv_dtype)) for s in self.stages]
+        )
 
     def _through(self, method: str, x, kv: SplitKV, args):
         """x (tokens, then hidden states) through every stage's `method`, in order;

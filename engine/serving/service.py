@@ -75,8 +75,9 @@ class ModelService:
         self.max_sessions = config.max_sessions
         # One KV slot per concurrently decoded sequence (the contract: 0 -> max_sessions).
         self.max_concurrent_configured = max(1, config.max_concurrent or config.max_sessions)
+        # Stored as the kv_dtype load option asks (a sibling may differ from the load's).
         self.kv = model.make_kv_cache(
-            self.max_concurrent_configured, self.context_window_configured
+            self.max_concurrent_configured, self.context_window_configured, config.kv_dtype
         )
         # The dies the layers live on (kernels.devices.dies), and what serving holds there.
         self.placed_on = list(getattr(model, "dies", ()))

@@ -81,20 +81,23 @@ def lru_victims(live: list[Instance], limit: int) -> list[str]:
 def admit(spec: LoadSpec, info: ModelFileInfo, leaving: list[ModelService]) -> None:
     """InsufficientMemory unless the estimate for `spec` fits, counting the memory the
     `leaving` services (the models evicted for it) free."""
+    devices.check_kv_dtype(spec.config.kv_dtype, info.head_dim)
     placed = devices.placement(spec)
     if placed:
         _admit_on_dies(spec, info, placed, leaving)
         return
     config = spec.config
     kernel = devices.weights_kernel(spec)
-    need = info.estimate_bytes(config.ctx_cap, config.max_sessions, kernel)
+    row = devices.kv_row_bytes(config.kv_dtype, info.head_dim)
+    need = info.estimate_bytes(config.ctx_cap, config.max_sessions, kernel, row)
     freed = sum(svc.memory_bytes for svc in leaving)
     reserve = setting("PANTHEON_MEMORY_RESERVE_BYTES", 0)
     free = psutil.virtual_memory().available + freed - reserve
     if need > free:
         raise InsufficientMemory(
             f"not enough memory to load {spec.name!r}: it needs about {need} bytes "
-            f"({_gib(need)}: {kernel} weights plus float32 KV for {config.max_sessions} sessions of "
+            f"({_gib(need)}: {kernel} weights plus {config.kv_dtype} KV for "
+            f"{config.max_sessions} sessions of "
             f"{info.context(config.ctx_cap)} tokens) but {max(free, 0)} bytes "
             f"({_gib(max(free, 0))}) are free after the {reserve}-byte reserve; "
             f"lower ctx_cap or max_sessions, or unload a model"
