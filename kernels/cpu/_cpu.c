@@ -210,6 +210,7 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
         return NULL;
     }
     g_isa = i;
+    kv_set_isa(i);
     Py_RETURN_NONE;
 }
 
@@ -1149,6 +1150,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         if (i < g_isa)
             g_isa = i; /* only ever lower: a higher level than the CPU runs would crash */
     }
+    kv_set_isa(g_isa);
     g_threads = usable_cores();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

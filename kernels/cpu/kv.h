@@ -29,7 +29,20 @@ int64_t kv_row_bytes(int type, int64_t Dh);
 void kv_store_row(int type, const float *src, int64_t Dh, void *dst);
 
 /* n consecutive rows starting at `rows` into dst (n, Dh) float32: exact conversions
- * (float16 -> float32, d * q for Q8_0), so every reader sees the same values. */
+ * (float16 -> float32, d * q for Q8_0), so every reader sees the same values whatever
+ * the SIMD level converts them. */
 void kv_rows_f32(int type, const void *rows, int64_t n, int64_t Dh, float *dst);
+
+/* The SIMD level the conversions use (quants.h's ISA_*; the module's, at import). */
+void kv_set_isa(int isa);
+
+/* Decode attention's two products straight from float16 or Q8_0 rows, converting each
+ * row in registers (AVX-512, Dh a multiple of 16 up to 256; the caller checks): scores[t]
+ * = qs . key t, and out = sum_t (w[t] * inv) * value t. Each value is converted exactly,
+ * so the products are those of the same float32 values. */
+void kv_scores_avx512(int type, const float *qs, const void *keys, int64_t n, int64_t Dh,
+                      float *scores);
+void kv_weighted_avx512(int type, const float *w, const void *values, int64_t n, int64_t Dh,
+                        float inv, float *out);
 
 #endif

@@ -426,9 +426,10 @@ static int64_t kv_tile_rows(int64_t Dh) {
     return rows < 1 ? 1 : rows;
 }
 
-/* attend_head over a float16 or Q8_0 cache: the keys (then the values) of [lo, hi] are
- * converted a tile at a time into `tile` (kv_tile_rows(Dh) rows), scored (weighted) from
- * there; row_bytes: one cache row. */
+/* attend_head over a float16 or Q8_0 cache. With AVX-512 the products read the stored
+ * rows and convert them in registers (kv.c); otherwise the keys (then the values) of
+ * [lo, hi] are converted a tile at a time into `tile` (kv_tile_rows(Dh) rows, L1) and
+ * scored (weighted) from there. row_bytes: one cache row. */
 static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_t *values,
                                int type, int64_t row_bytes, int64_t lo, int64_t hi,
                                int64_t Dh, float scale, float softcap, float *scores,
@@ -441,16 +442,16 @@ static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_
 #else
     const int wide = 0;
 #endif
-    for (int64_t t0 = 0; t0 < n; t0 += rows) {
-        const int64_t m = n - t0 < rows ? n - t0 : rows;
-        kv_rows_f32(type, keys + (lo + t0) * row_bytes, m, Dh, tile);
 #ifdef HAVE_AVX512_ATTENTION
-        if (wide)
-            scores_avx512(qs, tile, m, Dh, scores + t0);
-        else
+    if (wide)
+        kv_scores_avx512(type, qs, keys + lo * row_bytes, n, Dh, scores);
+    else
 #endif
+        for (int64_t t0 = 0; t0 < n; t0 += rows) {
+            const int64_t m = n - t0 < rows ? n - t0 : rows;
+            kv_rows_f32(type, keys + (lo + t0) * row_bytes, m, Dh, tile);
             scores_of(qs, tile, m, Dh, scores + t0);
-    }
+        }
     float mx = -INFINITY;
     for (int64_t t = 0; t < n; t++) {
         if (softcap > 0.f)
@@ -464,6 +465,12 @@ static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_
     const float sum = exp_and_sum(scores, n, mx);
 #endif
     const float inv = 1.0f / sum;
+#ifdef HAVE_AVX512_ATTENTION
+    if (wide) {
+        kv_weighted_avx512(type, scores, values + lo * row_bytes, n, Dh, inv, out);
+        return;
+    }
+#endif
     for (int64_t d = 0; d < Dh; d++)
         out[d] = 0.f;
     for (int64_t t0 = 0; t0 < n; t0 += rows) {

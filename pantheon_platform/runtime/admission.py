@@ -110,7 +110,8 @@ def _admit_on_dies(spec: LoadSpec, info: ModelFileInfo, dies: list, leaving) -> 
     PN_DIE_RESERVE_BYTES) beside what our allocations already hold there."""
     config = spec.config
     slots = config.max_concurrent or config.max_sessions
-    need = info.estimate_bytes(config.ctx_cap, slots, "cpu")
+    row = devices.kv_row_bytes(config.kv_dtype, info.head_dim)
+    need = info.estimate_bytes(config.ctx_cap, slots, "cpu", row)
     share = -(-need // len(dies))
     for die in dies:
         freed = sum(svc.memory_bytes // len(svc.dies) for svc in leaving if die.ordinal in svc.dies)
@@ -119,7 +120,7 @@ def _admit_on_dies(spec: LoadSpec, info: ModelFileInfo, dies: list, leaving) -> 
             raise InsufficientMemory(
                 f"not enough memory on die {die.ordinal} to load {spec.name!r}: its share "
                 f"of the layers needs about {share} bytes ({_gib(share)}: the file's blocks "
-                f"plus float32 KV for {slots} slots of "
+                f"plus {config.kv_dtype} KV for {slots} slots of "
                 f"{info.context(config.ctx_cap)} tokens, split across {len(dies)} dies) but "
                 f"{max(free, 0)} bytes ({_gib(max(free, 0))}) of the die's "
                 f"{die.budget}-byte budget are free; lower ctx_cap or max_sessions, name "
