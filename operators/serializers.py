@@ -8,8 +8,8 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from pantheon_platform.runtime import (
-    MAX_CHAT_TEMPLATE_BYTES,
     KV_DTYPES,
+    MAX_CHAT_TEMPLATE_BYTES,
     MAX_DIES,
     POOLINGS,
     LoadSpec,
