@@ -33,8 +33,8 @@ def model_row(info: InstanceInfo) -> dict:
         "pooling": svc.pooling,  # how /v1/embeddings pools (the option, else the default)
         # The KV cache's type and what one position costs in it (bytes, K and V of every
         # layer): the memory the kv_dtype option saves.
-        "kv_dtype": spec.config.kv_dtype,
-        "kv_bytes_per_token": svc.kv.bytes_per_token(),
+        "kv_dtype": svc.kv_dtype,
+        "kv_bytes_per_token": svc.kv_bytes_per_token,
         "pinned": info.pinned,
         "in_flight": svc.in_flight,
         "aliases": list(info.aliases),

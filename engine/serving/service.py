@@ -212,6 +212,16 @@ class ModelService:
         """Host memory this instance may hold: float32 weights plus its whole KV cache."""
         return self.model.weight_bytes + self.kv.nbytes
 
+    @property
+    def kv_dtype(self) -> str:
+        """What the KV cache stores keys and values as: f32, f16 or q8_0 (`kv_dtype`)."""
+        return self.kv.kv_dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One position of the KV cache in its type: K and V of every layer, in bytes."""
+        return self.kv.bytes_per_token()
+
     # ---- prompts (any thread; engine/chat/prompt.py) ----
 
     @property
