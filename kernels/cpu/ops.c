@@ -505,7 +505,8 @@ static void attn_one(void *ctx, int64_t j) {
         return; /* out of memory: leaves this head's output as it was */
     const float *q = a->q + (b * a->H + h) * a->Dh;
     float *out = a->out + (b * a->H + h) * a->Dh;
-    const uint8_t *keys = a->kcache + base * a->row_bytes, *values = a->vcache + base * a->row_bytes;
+    const uint8_t *keys = a->kcache + base * a->row_bytes;
+    const uint8_t *values = a->vcache + base * a->row_bytes;
     if (narrow)
         attend_head_narrow(q, keys, values, a->type, a->row_bytes, lo, p, a->Dh, a->scale,
                            a->softcap, scratch + a->Dh, scratch, scratch + a->Dh + (p - lo + 1),
@@ -788,14 +789,15 @@ static void prefill_one(void *ctx, int64_t jx) {
         }
     } else
 #endif
-        if (narrow)
+    if (narrow) { /* 16 keys at a time converted into `pad` */
         for (int64_t j0 = klo; j0 <= khi; j0 += PF_KEYS) {
             const int64_t j1 = j0 + PF_KEYS - 1 < khi ? j0 + PF_KEYS - 1 : khi;
             kv_rows_f32(a->type, krows + j0 * a->row_bytes, j1 - j0 + 1, Dh, pad);
             pf_scores_plain(qs, pad, j0, nq, lo, hi, j0, j1, Dh, scores, stride, kb0);
         }
-    else
+    } else {
         pf_scores_plain(qs, keys, 0, nq, lo, hi, klo, khi, Dh, scores, stride, kb0);
+    }
 
     /* Pass 2: each row's softmax weights (unnormalised; 1 / sum kept for the end). */
     for (int64_t i = 0; i < nq; i++) {
@@ -847,14 +849,15 @@ static void prefill_one(void *ctx, int64_t jx) {
         }
     } else
 #endif
-        if (narrow)
+    if (narrow) { /* a block of values at a time converted into `vtile` */
         for (int64_t jb = klo; jb <= khi; jb += kblock) {
             const int64_t je = jb + kblock - 1 < khi ? jb + kblock - 1 : khi;
             kv_rows_f32(a->type, vrows + jb * a->row_bytes, je - jb + 1, Dh, vtile);
             pf_pv_plain(w, lo, hi, nq, vtile, jb, jb, je, Dh, acc);
         }
-    else
+    } else {
         pf_pv_plain(w, lo, hi, nq, values, 0, klo, khi, Dh, acc);
+    }
 
     for (int64_t i = 0; i < nq; i++) {
         const int64_t t = t0 + i / G, h = g * G + i % G;
