@@ -26,6 +26,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from kernels import moe
+from kernels.kv_types import KV_DTYPES
 from kernels.quants import dequantize_rows
 from kernels.weights import RopeTable, Weight
 
@@ -53,6 +54,8 @@ class Backend(ABC):
     # A decode step can be captured into a CUDA graph and replayed (capture_step; the
     # cuda backend: its kernels never read positions or slots on the host).
     captures_graphs: bool = False
+    # The KV types (kernels/kv_types.py) its caches can store: the `kv_dtype` load option.
+    kv_dtypes: tuple[str, ...] = KV_DTYPES
 
     # ---- weights ----
 
@@ -132,8 +135,17 @@ class Backend(ABC):
     # ---- attention over the KV cache ----
 
     @abstractmethod
-    def make_kv_cache(self, n_layer: int, n_slots: int, n_kv_head: int, n_ctx: int, head_dim: int):
-        """Per-slot KV storage for `n_slots` sequences of up to `n_ctx` positions."""
+    def make_kv_cache(
+        self,
+        n_layer: int,
+        n_slots: int,
+        n_kv_head: int,
+        n_ctx: int,
+        head_dim: int,
+        kv_dtype: str = "f32",
+    ):
+        """Per-slot KV storage for `n_slots` sequences of up to `n_ctx` positions, stored
+        as `kv_dtype` (one of `kv_dtypes`); attention reads it in that type."""
 
     @abstractmethod
     def attention_prefill(

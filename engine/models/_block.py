@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels import kv_types
 from kernels.backend import Backend
 from kernels.weights import RopeTable, Weight
 
@@ -273,10 +274,31 @@ class DecoderModel:
                     vectors.append(value)
         return int(sum(w.nbytes for w in matrices.values()) + sum(v.nbytes for v in vectors))
 
-    def make_kv_cache(self, n_slots: int, n_ctx: int):
+    # The KV cache's storage type (kernels/kv_types.py; the `kv_dtype` load option).
+    kv_dtype = kv_types.DEFAULT_KV_DTYPE
+
+    def use_kv_dtype(self, kv_dtype: str) -> None:
+        """Keep this model's KV caches (made from now on, unless `make_kv_cache` names
+        another) as `kv_dtype`; ValueError when it is no KV type, or the head size or the
+        backend cannot store it."""
+        kv_dtype = kv_types.check_kv_dtype(kv_dtype)
+        problem = kv_types.fits(kv_dtype, self.hp.head_dim)
+        if problem is None and kv_dtype not in self.backend.kv_dtypes:
+            problem = (
+                f"kv_dtype {kv_dtype}: the {self.backend.name} backend keeps its KV cache "
+                f"as {' or '.join(self.backend.kv_dtypes)} only"
+            )
+        if problem:
+            raise ValueError(problem)
+        self.kv_dtype = kv_dtype
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int, kv_dtype: str | None = None):
+        """A KV cache for this model's layers, stored as `kv_dtype` (None: the model's)."""
         hp = self.hp
         n_layer = len(self.layers)
-        return self.backend.make_kv_cache(n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
+        return self.backend.make_kv_cache(
+            n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim, kv_dtype or self.kv_dtype
+        )
 
     def forward(self, tokens, start: int, kv, slot: int, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions start.. on one slot (a prompt chunk). Returns logits of

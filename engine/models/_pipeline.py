@@ -102,8 +102,19 @@ class PipelineModel:
         if not self._kv_holders and self.graphs is not None:
             self.graphs.drop()
 
-    def make_kv_cache(self, n_slots: int, n_ctx: int) -> SplitKV:
-        return SplitKV([(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx)) for s in self.stages])
+    @property
+    def kv_dtype(self) -> str:
+        return self.stages[0].model.kv_dtype
+
+    def use_kv_dtype(self, kv_dtype: str) -> None:
+        """Every stage's KV cache as `kv_dtype` (DecoderModel.use_kv_dtype)."""
+        for stage in self.stages:
+            stage.model.use_kv_dtype(kv_dtype)
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int, kv_dtype: str | None = None) -> SplitKV:
+        return SplitKV(
+            [(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx, kv_dtype)) for s in self.stages]
+        )
 
     def _through(self, method: str, x, kv: SplitKV, args):
         """x (tokens, then hidden states) through every stage's `method`, in order;

@@ -253,8 +253,10 @@ class NumpyBackend(Backend):
 
     # ---- attention ----
 
-    def make_kv_cache(self, n_layer, n_slots, n_kv_head, n_ctx, head_dim) -> KVCache:
-        return KVCache(n_layer, n_slots, n_kv_head, n_ctx, head_dim, dtype=self.dtype)
+    def make_kv_cache(
+        self, n_layer, n_slots, n_kv_head, n_ctx, head_dim, kv_dtype="f32"
+    ) -> KVCache:
+        return KVCache(n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype, kv_dtype)
 
     def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
         end = start + q.shape[0]
