@@ -26,6 +26,9 @@ from kernels.xp.backend import XpBackend
 from tests.engine.models.test_architectures import greedy
 from tests.engine.models.test_batch_invariance import check_batch_invariance
 from tests.engine.models.test_fused_decode import _check as check_fused_step
+from tests.engine.models.test_pipeline import (
+    test_a_split_model_computes_the_bits_of_the_whole_one as split_matches_whole,
+)
 
 TINY = Path(__file__).resolve().parents[2] / "reference" / "tiny"
 ARCHS = ["granite", "olmo2", "phi3", "gemma2", "smollm3"]
@@ -148,3 +151,10 @@ def test_gemma2_fused_decode_step_is_the_per_op_step_bitwise():
     check_fused_step(model)
     for arch in ("granite", "olmo2", "phi3", "smollm3"):
         assert load(arch).decode_stack is None, arch
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_split_dense_model_computes_the_bits_of_the_whole_one(arch):
+    """Split by layers across two host dies (models/_pipeline.py): each stage reads the
+    file's options into its own spec and gives the whole model's bits."""
+    split_matches_whole(f"tiny-{arch}.gguf")
