@@ -115,8 +115,16 @@ class Backend(ABC):
         """x * rsqrt(mean(x^2) + eps) * weight over the last axis."""
 
     @abstractmethod
-    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
-        """cos/sin tables for positions 0..n_pos."""
+    def rope_table(
+        self,
+        n_pos: int,
+        dim: int,
+        base: float,
+        factors: Sequence[float] | None = None,
+        attn_factor: float = 1.0,
+    ) -> RopeTable:
+        """cos/sin tables for positions 0..n_pos; `factors` (dim // 2) divide the
+        frequencies and `attn_factor` scales cos and sin (LongRoPE)."""
 
     @abstractmethod
     def rope(self, x: Array, positions: np.ndarray, table: RopeTable, neox: bool) -> Array:

@@ -73,9 +73,9 @@ class CudaBackend(XpBackend):
         with self._device:
             return super().vector(array)
 
-    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
+    def rope_table(self, n_pos, dim, base, factors=None, attn_factor=1.0) -> RopeTable:
         with self._device:
-            return super().rope_table(n_pos, dim, base)
+            return super().rope_table(n_pos, dim, base, factors, attn_factor)
 
     def make_kv_cache(
         self, n_layer, n_slots, n_kv_head, n_ctx, head_dim, kv_dtype="f32"

@@ -198,8 +198,8 @@ class XpBackend(NumpyBackend):
         parts = [x @ self._values(part).T for _, part in self._parts(w)]
         return parts[0] if len(parts) == 1 else self.xp.concatenate(parts, axis=1)
 
-    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
-        cos, sin = rope_tables(n_pos, dim, base)
+    def rope_table(self, n_pos, dim, base, factors=None, attn_factor=1.0) -> RopeTable:
+        cos, sin = rope_tables(n_pos, dim, base, factors, attn_factor)
         return RopeTable(self.xp.asarray(cos), self.xp.asarray(sin))
 
     def rope(self, x, positions, table: RopeTable, neox: bool):
