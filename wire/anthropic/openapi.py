@@ -32,7 +32,9 @@ def schemas() -> dict:
     answers are typed here."""
     request = REQUEST.schema(
         additionalProperties=True,
-        description="Anthropic's Messages request. Other fields are ignored.",
+        description="Anthropic's Messages request. Other fields are ignored, but for "
+        "`thread` (message threads), refused with 400 and `error.details.error_code` "
+        "`thread_unsupported_request`: send the whole conversation.",
     )
     count = COUNT.schema(additionalProperties=True)
     content_block = {

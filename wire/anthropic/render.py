@@ -200,7 +200,10 @@ def anthropic_error(exc: Exception) -> ApiError:
 
 
 def error_json(error: ApiError) -> dict:
-    return anthropic_error_body(error.status, error.message)
+    body = anthropic_error_body(error.status, error.message)
+    if "details" in error.extra:  # an error code the SDK maps to its own class
+        body["error"]["details"] = error.extra["details"]
+    return body
 
 
 def error_response(error: ApiError):
