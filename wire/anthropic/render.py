@@ -187,7 +187,7 @@ def message_json(
 def anthropic_error(exc: Exception) -> ApiError:
     """The exception as our ApiError with Anthropic's status conventions: an over-long
     prompt is 400 "prompt is too long: N tokens > M maximum" (what Anthropic answers and
-    its clients recognise), not the OpenAI routes' 422."""
+    its clients recognise, LangChain's ChatAnthropic among them)."""
     if isinstance(exc, ContextOverBudget):
         count = f"at least {exc.prompt_tokens}" if exc.at_least else str(exc.prompt_tokens)
         return ApiError(

@@ -73,7 +73,7 @@ class NdjsonResponse(StreamingHttpResponse):
 
 def ollama_error(exc: Exception) -> ApiError:
     """The exception as our ApiError with Ollama's conventions: an over-long prompt is a
-    400 (Ollama has no 422)."""
+    400, as on every route."""
     if isinstance(exc, ContextOverBudget):
         return ApiError(400, str(exc), "invalid_request_error")
     return api_error_from(exc)

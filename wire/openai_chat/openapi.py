@@ -211,7 +211,7 @@ def path_items() -> dict[str, dict]:
                 "createChatCompletion",
                 "OpenAI-compatible chat completion (JSON or SSE)",
                 chat_ok,
-                (400, 404, 422, 429, 503),
+                (400, 404, 429, 503),
                 body=ref("ChatCompletionRequest"),
                 parameters=[session_header()],
                 tag="client",

@@ -148,7 +148,7 @@ def add_paths(paths: dict[str, dict]) -> None:
                     },
                 },
             },
-            (400, 404, 413, 422, 429, 503),
+            (400, 404, 413, 429, 503),
             body=ref("ResponsesRequest"),
             parameters=[session_header()],
             tag="client",
