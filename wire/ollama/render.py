@@ -109,8 +109,10 @@ class Clock:
             self.first = time.perf_counter_ns()
 
     def mark_end(self) -> None:
-        self.end = time.perf_counter_ns()
+        """The finish; an answer that showed nothing before it (held-back tool markup)
+        has its first event here too, never after the end (eval_duration >= 0)."""
         self.mark_first()
+        self.end = max(time.perf_counter_ns(), self.first)
 
 
 def done_fields(finish: FinishEvent, clock: Clock) -> dict:
