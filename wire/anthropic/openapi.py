@@ -22,6 +22,7 @@ from pantheon_platform.openapi import (
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 from wire.anthropic.render import STOP_REASONS
 from wire.anthropic.request import COUNT, REQUEST
+from wire.openai_chat.openapi import TOOL_CALL_ERROR
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
@@ -80,6 +81,7 @@ def schemas() -> dict:
                 "stop_reason": {"enum": [*stop_reasons, None]},
                 "stop_sequence": nullable(STRING),
                 "usage": usage,
+                "tool_call_error": TOOL_CALL_ERROR,
             },
             ("id", "type", "role", "model", "content", "stop_reason", "usage"),
         ),

@@ -27,6 +27,7 @@ from engine import (
 )
 from pantheon_platform.chat_http import one_choice
 from pantheon_platform.errors import ApiError, api_error_from, json_response
+from wire.openai_chat.render import tool_call_error_json
 
 log = logging.getLogger("pantheon.http")
 
@@ -118,6 +119,10 @@ class Clock:
 def done_fields(finish: FinishEvent, clock: Clock) -> dict:
     usage = finish.usage
     reason = DONE_REASONS.get(finish.finish_reason, finish.finish_reason)
+    dropped = finish.tool_call_errors
+    # A call the model wrote and that was dropped (an unknown tool, malformed, cut
+    # short): the chat route's `tool_call_error` object, never silent.
+    error = {"tool_call_error": tool_call_error_json(dropped[0])} if dropped else {}
     return {
         "done": True,
         "done_reason": reason,
@@ -128,6 +133,7 @@ def done_fields(finish: FinishEvent, clock: Clock) -> dict:
         "prompt_eval_duration": clock.first - clock.ready,
         "eval_count": usage.completion_tokens,
         "eval_duration": clock.end - clock.first,
+        **error,
     }
 
 

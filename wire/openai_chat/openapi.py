@@ -114,9 +114,13 @@ _TOOL_CALL = obj(
     },
     ("id", "type", "function"),
 )
-_TOOL_CALL_ERROR = obj(
+# A call the model wrote that is not in the answer's calls (an unknown tool, malformed,
+# cut short): the chat route's choice, and Anthropic's, Responses' and Ollama's answers.
+TOOL_CALL_ERROR = obj(
     {"code": STRING, "message": STRING, "function": STRING, "parameter": STRING},
     ("code", "message"),
+    description="A tool call the model wrote that was dropped: why (code: incomplete_call, "
+    "malformed_call, unknown_function, invalid_argument).",
 )
 
 _FINISH_REASON = {"type": "string", "enum": ["stop", "length", "tool_calls", "repetition_loop"]}
@@ -157,7 +161,7 @@ _CHAT_COMPLETION = obj(
                     ),
                     "finish_reason": _FINISH_REASON,
                     "logprobs": _LOGPROBS,
-                    "tool_call_error": _TOOL_CALL_ERROR,
+                    "tool_call_error": TOOL_CALL_ERROR,
                 },
                 ("index", "message", "finish_reason"),
             ),

@@ -20,6 +20,7 @@ from pantheon_platform.openapi import (
     session_header,
     sse_event,
 )
+from wire.openai_chat.openapi import TOOL_CALL_ERROR
 from wire.responses.request import REQUEST
 
 RESPONSES_PATH = "/v1/responses"
@@ -95,6 +96,7 @@ def schemas() -> dict:
             "model": STRING,
             "output": {"type": "array", "items": output_item},
             "usage": nullable(usage),
+            "tool_call_error": TOOL_CALL_ERROR,
             "previous_response_id": nullable(STRING),
             "instructions": nullable(STRING),
             "store": {
