@@ -98,6 +98,10 @@ ERRORS = {
         "watch_unavailable, or key_store_unavailable (keyed routes: the key table cannot be "
         "read); with Retry-After when known.",
     ),
+    501: (
+        "NotImplemented",
+        "not_supported_error: llama-server's /infill on a model without FIM tokens.",
+    ),
     507: ("InsufficientStorage", "load_failed: admission refused (memory)."),
 }
 
