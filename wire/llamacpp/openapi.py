@@ -139,7 +139,7 @@ def add_paths(paths: dict[str, dict]) -> None:
             "llama-server's /props: the served model's default generation settings, slots, "
             "chat template (model_path: the GGUF's file name; its full path for an operator)",
             ok(ref("LlamaProps")),
-            (404, 503),
+            (400, 404, 503),
             parameters=[_MODEL_QUERY],
             tag="client",
         )
@@ -151,7 +151,7 @@ def add_paths(paths: dict[str, dict]) -> None:
             "llama-server's /slots: each slot served now, the busy ones processing; "
             "?fail_on_no_slot=1: 503 when none is free",
             ok({"type": "array", "items": ref("LlamaSlot")}),
-            (404, 503),
+            (400, 404, 503),
             parameters=[
                 _MODEL_QUERY,
                 {

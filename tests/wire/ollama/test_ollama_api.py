@@ -203,7 +203,10 @@ async def test_a_tool_call_comes_back_in_ollamas_shape(served, post, settings):
     assert plain.status_code == 200, plain.content
     (call,) = plain.json()["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
-    assert call["function"]["arguments"] == {"city": "Paris"}
+    # The value is the model's (the tool prompt shows no example value to copy: issue 35
+    # item 3); SmolLM2 puts the city in it.
+    assert list(call["function"]["arguments"]) == ["city"]
+    assert "Paris" in call["function"]["arguments"]["city"]
     assert plain.json()["done_reason"] == "stop"
     lines = await ndjson(await post("/api/chat", {**body, "stream": True}))
     assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "stop"
