@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import MAX_TOKENS_CLAMP, SamplingParams
+from engine import MAX_TOKENS_CLAMP, ContextOverBudget, SamplingParams, TooManyTokens
 from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX, MAX_STOP_STRINGS
 from wire.fields import TEXT_MAX, Array, Boolean, Field, Integer, Number, Object, Shape, String
@@ -204,11 +204,19 @@ def not_supported(message: str) -> ApiError:
     return ApiError(501, message, "not_supported_error")
 
 
-def parse_infill(data: dict, metadata: dict, tokenizer) -> GenerateRequest:
+def parse_infill(data: dict, metadata: dict, tokenizer, window: int) -> GenerateRequest:
     """The FIM prompt as token ids: with the repo-level tokens, each extra chunk as a file
     (`<rep>myproject`, `<sep>name` text...), else the chunks' text first; then
-    `<pre>prefix<suf>suffix<mid>prompt`. A model without FIM tokens is refused (501)."""
+    `<pre>prefix<suf>suffix<mid>prompt`. A model without FIM tokens is refused (501); a
+    text certain to overflow `window` is refused before it is tokenized whole."""
     fields = INFILL.read(data)
+
+    def encode(text: str) -> list[int]:
+        try:
+            return tokenizer.encode(text, limit=window)
+        except TooManyTokens as exc:
+            raise ContextOverBudget(exc.at_least, exc.limit, at_least=True) from None
+
     fim = fim_tokens(metadata, tokenizer)
     missing = [name for name in ("pre", "suf", "mid") if name not in fim]
     if missing:
@@ -219,15 +227,15 @@ def parse_infill(data: dict, metadata: dict, tokenizer) -> GenerateRequest:
         ids.append(tokenizer.bos_id)
     extra = fields["input_extra"]
     if extra and "rep" in fim and "sep" in fim:
-        ids += [fim["rep"], *tokenizer.encode("myproject\n")]
+        ids += [fim["rep"], *encode("myproject\n")]
         for chunk in extra:
-            ids += [fim["sep"], *tokenizer.encode(f"{chunk.get('filename') or ''}\n")]
-            ids += tokenizer.encode(chunk.get("text") or "")
-        ids += [fim["sep"], *tokenizer.encode("filename\n")]
+            ids += [fim["sep"], *encode(f"{chunk.get('filename') or ''}\n")]
+            ids += encode(chunk.get("text") or "")
+        ids += [fim["sep"], *encode("filename\n")]
     else:
         for chunk in extra:
-            ids += tokenizer.encode(chunk.get("text") or "")
-    ids += [fim["pre"], *tokenizer.encode(fields["input_prefix"])]
-    ids += [fim["suf"], *tokenizer.encode(fields["input_suffix"])]
-    ids += [fim["mid"], *tokenizer.encode(fields["prompt"])]
+            ids += encode(chunk.get("text") or "")
+    ids += [fim["pre"], *encode(fields["input_prefix"])]
+    ids += [fim["suf"], *encode(fields["input_suffix"])]
+    ids += [fim["mid"], *encode(fields["prompt"])]
     return GenerateRequest(tuple(ids), fields)

@@ -85,7 +85,10 @@ async def infill(request: HttpRequest, call: RouteCall) -> HttpResponse:
     _, svc = get_runtime().resolve(
         data.get("model") if isinstance(data.get("model"), str) else None
     )
-    req = await off_loop(deadline, lambda: parse_infill(data, svc.gguf.metadata, svc.tokenizer))
+    req = await off_loop(
+        deadline,
+        lambda: parse_infill(data, svc.gguf.metadata, svc.tokenizer, svc.context_window_configured),
+    )
     return await _generate(request, call, req, deadline)
 
 

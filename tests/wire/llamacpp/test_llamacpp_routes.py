@@ -115,7 +115,7 @@ def test_the_infill_prompt_is_llama_servers_layout(smollm2_service):
         "prompt": "a",
         "input_extra": [{"filename": "x.py", "text": "X = 1\n"}],
     }
-    ids = list(parse_infill(body, metadata, tokenizer).prompt)
+    ids = list(parse_infill(body, metadata, tokenizer, 8192).prompt)
     if tokenizer.add_bos:
         ids = ids[1:]
     pre, suf, mid = ids.index(10), ids.index(11), ids.index(12)
