@@ -76,16 +76,17 @@ _ERROR = obj(
                     "pin_failed, invalid_alias, alias_conflict, alias_not_found, "
                     "invalid_api_key, insufficient_scope, forbidden_host, forbidden_origin, "
                     "key_concurrency_exceeded, key_store_unavailable, request_too_large, "
-                    "unsupported_media_type, ...",
+                    "unsupported_media_type, not_supported_error (llama-server's /infill), ...",
                 },
-                # null; llama.cpp's shape on /health's 503 carries the status (503).
+                # null but for an overflow (OpenAI's context_length_exceeded); llama.cpp's
+                # shape on /health's 503 carries the status (503).
                 "code": {"type": ["string", "integer", "null"]},
                 "param": STRING,
             },
             ("message", "type", "code"),
             additionalProperties=True,
-            description="Some types add fields, e.g. a streamed context_over_budget "
-            "carries kv_used and kv_cap; a 400 about one field names it in param "
+            description="Some types add fields, e.g. context_over_budget carries "
+            "context_window and prompt_tokens (streamed, kv_used and kv_cap too); a 400 about one field names it in param "
             "(e.g. messages[0].content holding a lone surrogate).",
         )
     },
