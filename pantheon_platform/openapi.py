@@ -58,7 +58,8 @@ ERRORS = {
         "BadRequest",
         "invalid_request_error: an empty, malformed or invalid body or query; "
         "context_over_budget (code context_length_exceeded, with context_window and "
-        "prompt_tokens): the prompt is longer than the window; on a model "
+        "prompt_tokens): the prompt is longer than the window; not_supported_error: "
+        "llama-server's /infill on a model without FIM tokens; on a model "
         "load, load_failed for an option this server cannot honour or a GGUF architecture "
         "it does not implement (named, with the supported ones).",
     ),
@@ -97,10 +98,6 @@ ERRORS = {
         "no_models_loaded, server_memory_constrained, server_shutting_down, "
         "watch_unavailable, or key_store_unavailable (keyed routes: the key table cannot be "
         "read); with Retry-After when known.",
-    ),
-    501: (
-        "NotImplemented",
-        "not_supported_error: llama-server's /infill on a model without FIM tokens.",
     ),
     507: ("InsufficientStorage", "load_failed: admission refused (memory)."),
 }

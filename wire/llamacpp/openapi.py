@@ -58,7 +58,7 @@ def schemas() -> dict:
             additionalProperties=True,
             description="llama-server's /infill: input_prefix, input_suffix, input_extra "
             "(files of context) and prompt around the model's FIM tokens; /completion's "
-            "options too. 501 for a model without FIM tokens.",
+            "options too. 400 not_supported_error for a model without FIM tokens.",
         ),
         "LlamaCompletion": obj(
             {
@@ -176,5 +176,5 @@ def add_paths(paths: dict[str, dict]) -> None:
         "llamaInfill",
         "llama-server's /infill: code filled in between a prefix and a suffix",
         "LlamaInfillRequest",
-        (400, 404, 429, 501, 503),
+        (400, 404, 429, 503),
     )

@@ -200,14 +200,16 @@ def fim_tokens(metadata: dict, tokenizer) -> dict[str, int]:
 
 
 def not_supported(message: str) -> ApiError:
-    """llama-server's 501 not_supported_error."""
-    return ApiError(501, message, "not_supported_error")
+    """llama-server's not_supported_error, as a 400 (llama-server answers 501): what this
+    model cannot do is a refusal of the request, and no request gets a 5xx here but for
+    the server's own failure."""
+    return ApiError(400, message, "not_supported_error")
 
 
 def parse_infill(data: dict, metadata: dict, tokenizer, window: int) -> GenerateRequest:
     """The FIM prompt as token ids: with the repo-level tokens, each extra chunk as a file
     (`<rep>myproject`, `<sep>name` text...), else the chunks' text first; then
-    `<pre>prefix<suf>suffix<mid>prompt`. A model without FIM tokens is refused (501); a
+    `<pre>prefix<suf>suffix<mid>prompt`. A model without FIM tokens is refused (400); a
     text certain to overflow `window` is refused before it is tokenized whole."""
     fields = INFILL.read(data)
 

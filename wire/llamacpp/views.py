@@ -79,7 +79,7 @@ async def completion(request: HttpRequest, call: RouteCall) -> HttpResponse:
 
 @post_route(OPENAI_ERRORS, "llama.cpp infill failed")
 async def infill(request: HttpRequest, call: RouteCall) -> HttpResponse:
-    """The fill-in-the-middle prompt from the model's FIM tokens (501 without them)."""
+    """The fill-in-the-middle prompt from the model's FIM tokens (400 without them)."""
     deadline = turn_deadline()
     data = await off_loop(deadline, lambda: parse_json_object(request.body))
     _, svc = get_runtime().resolve(

