@@ -60,6 +60,10 @@ class ModelConfig:
     # Float matrices (F32, F16, BF16) quantised to Q8_0 at load (the `quantize` load
     # option; compiled CPU kernels only).
     quantize: bool = False
+    # What the KV cache stores keys and values as (kernels/kv_types.py; the `kv_dtype`
+    # load option): "f32" (exact, the default), "f16" (half the bytes) or "q8_0" (~3.8x
+    # fewer); the narrow types trade a bounded drift of the logits for sessions and context.
+    kv_dtype: str = "f32"
     # How /v1/embeddings pools a text's hidden states: "mean", "last" or "cls" ("": the
     # architecture's default, serving/embedding.py; the `pooling` load option).
     pooling: str = ""

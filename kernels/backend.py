@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kernels import moe
+from kernels.kv_types import KV_DTYPES
 from kernels.quants import dequantize_rows
 from kernels.weights import RopeTable, Weight
 
@@ -52,6 +54,8 @@ class Backend(ABC):
     # A decode step can be captured into a CUDA graph and replayed (capture_step; the
     # cuda backend: its kernels never read positions or slots on the host).
     captures_graphs: bool = False
+    # The KV types (kernels/kv_types.py) its caches can store: the `kv_dtype` load option.
+    kv_dtypes: tuple[str, ...] = KV_DTYPES
 
     # ---- weights ----
 
@@ -73,12 +77,14 @@ class Backend(ABC):
         uint8, exactly the file's bytes."""
 
     def stacked_weight(self, parts: list[Weight]) -> Weight:
-        """Block matrices stacked along `out` (q, k and v as one matrix, one matmul).
-        Default: one block matrix when the parts share a type (block rows are independent,
-        so stacking matrices is stacking their rows), else dequantised into one dense
-        matrix. A backend with a kernel per type may keep the parts apart instead
-        (kernels.cpu.backend: no copy of the file's bytes)."""
+        """Matrices stacked along `out` (q, k and v as one matrix, one matmul). Default:
+        one float matrix for float parts; one block matrix when they share a block type
+        (block rows are independent, so stacking matrices is stacking their rows); else
+        dequantised into one dense matrix. A backend with a kernel per type may keep the
+        parts apart instead (kernels.cpu.backend: no copy of the file's bytes)."""
         k = parts[0].shape[1]
+        if not any(p.is_blocks for p in parts):  # float values: one float matrix
+            return self.dense_weight(np.concatenate([np.asarray(p.data) for p in parts]))
         if len({p.storage for p in parts}) == 1:
             blocks = np.concatenate([p.data for p in parts])
             return self.block_weight(blocks, parts[0].meta["qtype"], (len(blocks), k))
@@ -109,8 +115,16 @@ class Backend(ABC):
         """x * rsqrt(mean(x^2) + eps) * weight over the last axis."""
 
     @abstractmethod
-    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
-        """cos/sin tables for positions 0..n_pos."""
+    def rope_table(
+        self,
+        n_pos: int,
+        dim: int,
+        base: float,
+        factors: Sequence[float] | None = None,
+        attn_factor: float = 1.0,
+    ) -> RopeTable:
+        """cos/sin tables for positions 0..n_pos; `factors` (dim // 2) divide the
+        frequencies and `attn_factor` scales cos and sin (LongRoPE)."""
 
     @abstractmethod
     def rope(self, x: Array, positions: np.ndarray, table: RopeTable, neox: bool) -> Array:
@@ -129,8 +143,17 @@ class Backend(ABC):
     # ---- attention over the KV cache ----
 
     @abstractmethod
-    def make_kv_cache(self, n_layer: int, n_slots: int, n_kv_head: int, n_ctx: int, head_dim: int):
-        """Per-slot KV storage for `n_slots` sequences of up to `n_ctx` positions."""
+    def make_kv_cache(
+        self,
+        n_layer: int,
+        n_slots: int,
+        n_kv_head: int,
+        n_ctx: int,
+        head_dim: int,
+        kv_dtype: str = "f32",
+    ):
+        """Per-slot KV storage for `n_slots` sequences of up to `n_ctx` positions, stored
+        as `kv_dtype` (one of `kv_dtypes`); attention reads it in that type."""
 
     @abstractmethod
     def attention_prefill(
@@ -184,6 +207,28 @@ class Backend(ABC):
         """One new position per row: row b writes k[b], v[b] at positions[b] of slots[b]
         and attends over that slot's own positions. Returns (B, H * Dh); each row
         computed exactly as alone."""
+
+    def mixture(
+        self,
+        x: Array,
+        router_logits: Array,
+        expert: Callable[[int, Array], Array],
+        segments: Sequence[slice],
+        n_used: int,
+        gating: str = "softmax",
+        norm_topk: bool = True,
+        scale: float = 1.0,
+    ) -> Array:
+        """A mixture-of-experts FFN around its expert products (kernels/moe.py): each row
+        of x (n, D) routed by its router logits (n, E) to its `n_used` best experts
+        (softmax or sigmoid gating, renormalised with norm_topk, times scale), the rows
+        of a segment grouped by expert so `expert(e, rows)` runs once per chosen expert,
+        and each row's outputs summed in rank order. The logits come to the host: which
+        products run is decided there. Row-wise throughout (batch invariant, given an
+        `expert` that is)."""
+        return moe.mixture(
+            x, self.to_host(router_logits), expert, segments, n_used, gating, norm_topk, scale
+        )
 
     def decode_stack(self, layers: Sequence, hp, spec) -> Callable | None:
         """Optionally, the whole layer stack of a decode step as one compiled call:

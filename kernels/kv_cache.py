@@ -4,6 +4,12 @@ The arrays live in one anonymous memory map: pages are committed only as they ar
 written, so a large window costs memory only as it fills, and `release(slot)` hands a
 freed slot's pages back to the OS (a slot once filled to 8k tokens would otherwise hold
 its ~380 MB for good), which is what lets the memory ladder actually relieve pressure.
+
+The rows are kept in the model's KV type (kernels/kv_types.py: float32, float16 or Q8_0
+blocks): `write` encodes, `view` gives float32 values back (a copy for the narrow types:
+the numpy reference's attention reads that; the compiled kernels read the stored rows),
+and everything that moves KV whole (`save`, `load`, `copy_prefix`: parked conversations,
+session blobs) moves the stored rows as they are.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import mmap
 
 import numpy as np
+
+from kernels import kv_types
 
 
 class KVCache:
@@ -22,9 +30,15 @@ class KVCache:
         n_ctx: int,
         head_dim: int,
         dtype: np.dtype | type = np.float32,
+        kv_dtype: str = kv_types.DEFAULT_KV_DTYPE,
     ):
-        shape = (n_layer, n_slots, n_kv_head, n_ctx, head_dim)
-        self.dtype = np.dtype(dtype)
+        self.kv_dtype = kv_types.check_kv_dtype(kv_dtype)
+        problem = kv_types.fits(kv_dtype, head_dim)
+        if problem:
+            raise ValueError(problem)
+        self.head_dim = head_dim
+        self.dtype, row = kv_types.storage(kv_dtype, head_dim, dtype)  # the stored elements
+        shape = (n_layer, n_slots, n_kv_head, n_ctx, row)
         n_items = int(np.prod(shape))
         n_bytes = n_items * self.dtype.itemsize
         # Private, so that MADV_DONTNEED really frees (a shared anonymous map keeps the data).
@@ -40,8 +54,8 @@ class KVCache:
     def write(self, layer: int, slot: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v: (Hkv, T, Dh) for positions start .. start + T."""
         T = k.shape[1]
-        self.k[layer, slot, :, start : start + T] = k
-        self.v[layer, slot, :, start : start + T] = v
+        self.k[layer, slot, :, start : start + T] = kv_types.encode(np, k, self.kv_dtype)
+        self.v[layer, slot, :, start : start + T] = kv_types.encode(np, v, self.kv_dtype)
         if start + T > self._high_water[slot]:
             self._high_water[slot] = start + T
 
@@ -53,8 +67,10 @@ class KVCache:
                 self._high_water[slot] = int(end)
 
     def view(self, layer: int, slot: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values for positions 0 .. end: (Hkv, end, Dh) each, no copy."""
-        return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+        """Keys and values for positions 0 .. end: (Hkv, end, Dh) each, as float32 values
+        (no copy for f32; one slot's and layer's rows decoded for f16 and q8_0)."""
+        k, v = self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+        return kv_types.decode(np, k, self.kv_dtype), kv_types.decode(np, v, self.kv_dtype)
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Positions 0 .. n of slot `src` into slot `dst` (a shared prompt, n > 1)."""
@@ -70,7 +86,8 @@ class KVCache:
         self._high_water[slot] = max(self._high_water[slot], n)
 
     def save(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of positions 0 .. n of `slot`: (n_layer, n_kv_head, n, head_dim) each."""
+        """Copies of positions 0 .. n of `slot` as stored: (n_layer, n_kv_head, n, row) each
+        (row = head_dim values for f32 and f16, head_dim / 32 Q8_0 blocks' bytes)."""
         return (
             np.ascontiguousarray(self.k[:, slot, :, :n]),
             np.ascontiguousarray(self.v[:, slot, :, :n]),
@@ -79,8 +96,8 @@ class KVCache:
     @property
     def layout(self) -> tuple[int, int, int]:
         """(n_layer, n_kv_head, head_dim): what a parked conversation's arrays must match."""
-        n_layer, _, n_kv_head, _, head_dim = self.k.shape
-        return n_layer, n_kv_head, head_dim
+        n_layer, _, n_kv_head, _, _ = self.k.shape
+        return n_layer, n_kv_head, self.head_dim
 
     def release(self, slot: int, keep: int = 0) -> int:
         """Give a free slot's written pages back to the OS, all but the first `keep`
@@ -95,8 +112,8 @@ class KVCache:
         if written <= keep:
             return 0
         self._high_water[slot] = keep
-        n_layer, _, n_kv_head, n_ctx, head_dim = self.k.shape
-        row = head_dim * self.dtype.itemsize  # bytes per position
+        n_layer, _, n_kv_head, n_ctx, row_items = self.k.shape
+        row = row_items * self.dtype.itemsize  # bytes per position
         slot_bytes = n_kv_head * n_ctx * row
         page = mmap.PAGESIZE
         released = 0
@@ -112,8 +129,8 @@ class KVCache:
         return released
 
     def bytes_per_token(self) -> int:
-        n_layer, _, n_kv_head, _, head_dim = self.k.shape
-        return 2 * n_layer * n_kv_head * head_dim * self.dtype.itemsize
+        n_layer, _, n_kv_head, _, row_items = self.k.shape
+        return 2 * n_layer * n_kv_head * row_items * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:

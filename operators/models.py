@@ -39,6 +39,12 @@ class ServedModel(models.Model):
         help_text="Speculation: a GGUF with the same vocabulary, inside a model folder "
         "(empty: none).",
     )
+    kv_dtype = models.CharField(
+        max_length=8,
+        default="f32",
+        choices=[("f32", "f32 (exact)"), ("f16", "f16"), ("q8_0", "q8_0")],
+        help_text="KV cache type: f32 (exact), f16 (half the memory) or q8_0 (~3.8x less).",
+    )
     pinned = models.BooleanField(default=False, help_text="Never evicted to make room.")
     should_load = models.BooleanField(
         default=False, help_text="Loaded when the server stops, so loaded again at start."

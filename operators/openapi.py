@@ -44,6 +44,8 @@ _INSTANCE = obj(
         "chat_template": {"type": "string", "enum": ["gguf", "custom"]},
         "quantize": BOOL,
         "pooling": {"enum": ["mean", "last", "cls"]},
+        "kv_dtype": {"enum": ["f32", "f16", "q8_0"]},
+        "kv_bytes_per_token": NON_NEGATIVE,
         "pinned": BOOL,
         "in_flight": NON_NEGATIVE,
         "aliases": {"type": "array", "items": STRING},

@@ -31,6 +31,10 @@ def model_row(info: InstanceInfo) -> dict:
         "chat_template": "custom" if spec.config.chat_template else "gguf",
         "quantize": spec.config.quantize,
         "pooling": svc.pooling,  # how /v1/embeddings pools (the option, else the default)
+        # The KV cache's type and what one position costs in it (bytes, K and V of every
+        # layer): the memory the kv_dtype option saves.
+        "kv_dtype": svc.kv_dtype,
+        "kv_bytes_per_token": svc.kv_bytes_per_token,
         "pinned": info.pinned,
         "in_flight": svc.in_flight,
         "aliases": list(info.aliases),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from pantheon_platform.runtime import (
+    KV_DTYPES,
     MAX_CHAT_TEMPLATE_BYTES,
     MAX_DIES,
     POOLINGS,
@@ -79,6 +80,14 @@ class LoadRequest(serializers.Serializer):
         help_text="Speculative decoding's draft model: a GGUF with the same vocabulary, "
         "inside PANTHEON_MODEL_DIRS; default: none (drafts from the context only).",
     )
+    kv_dtype = serializers.ChoiceField(
+        KV_DTYPES,
+        required=False,
+        allow_null=True,
+        help_text="What the KV cache stores keys and values as: f32 (exact, the default), "
+        "f16 (half the memory) or q8_0 (~3.8x less); the narrow types move the logits a "
+        "little (README: Load options).",
+    )
     ctx_cap = _option(1 << 24)
     max_sessions = _option(1024)
     max_concurrent = _option(1024)
@@ -111,6 +120,7 @@ def load_spec(data: dict) -> LoadSpec:
         chat_template=data.get("chat_template") or "",
         pooling=data.get("pooling") or "",
         draft_model=data.get("draft_model") or "",
+        kv_dtype=data.get("kv_dtype") or "f32",
         **{key: data.get(key) or defaults[key] for key in defaults},
     )
 

@@ -19,6 +19,7 @@ OPTIONS = (
     "chat_template",
     "pooling",
     "draft_model",
+    "kv_dtype",
 )
 
 

@@ -183,10 +183,7 @@ def _error_from(exc: Exception, stream: bool) -> ApiError:
     if isinstance(exc, InvalidTurn):  # the chat core refused the turn
         return invalid_request(exc.message, exc.param)
     if isinstance(exc, ContextOverBudget):
-        # Non-streaming clients read kv_used/kv_cap from the message; streaming clients
-        # get them as fields too (the contract's streaming error event carries them).
-        extra = {"kv_used": exc.prompt_tokens, "kv_cap": exc.kv_cap} if stream else None
-        return ApiError(422, str(exc), "context_over_budget", extra=extra)
+        return context_overflow(exc, stream)
     if isinstance(exc, ServerBusy):
         message = str(exc) or "every slot is busy and the queue is full; retry later"
         return ApiError(429, message, "server_busy", headers=_retry_after(exc.retry_after))
@@ -211,6 +208,25 @@ def _error_from(exc: Exception, stream: bool) -> ApiError:
             headers = _retry_after(1)
         return ApiError(status, str(exc), type_, headers=headers)
     return server_error()
+
+
+def context_overflow(exc: ContextOverBudget, stream: bool) -> ApiError:
+    """400 with OpenAI's `code: "context_length_exceeded"` (what the OpenAI SDK and
+    LangChain's ChatOpenAI recognise as an overflow: ContextOverflowError), our type, and
+    the numbers as fields: `context_window`, `prompt_tokens` (a lower bound when the
+    message says "at least"); a streamed request's error also has kv_used/kv_cap (the
+    contract's streaming error event)."""
+    extra: dict = {
+        "code": "context_length_exceeded",
+        "context_window": exc.kv_cap,
+        "prompt_tokens": exc.prompt_tokens,
+    }
+    if stream:
+        extra |= {"kv_used": exc.prompt_tokens, "kv_cap": exc.kv_cap}
+    # The code in the message too: the OpenAI SDK's exception text is the message alone,
+    # and that text is what LangChain searches for it.
+    message = f"{exc} (code: context_length_exceeded)"
+    return ApiError(400, message, "context_over_budget", extra=extra)
 
 
 _SESSION_ERRORS = {

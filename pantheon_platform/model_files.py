@@ -114,10 +114,14 @@ class ModelFileInfo:
         on the numpy reference (which dequantises at load)."""
         return self.block_bytes if kernel == "cpu" else self.n_params * 4
 
-    def estimate_bytes(self, ctx_cap: int, max_sessions: int, kernel: str = "numpy") -> int:
-        """Weights as `kernel` holds them plus float32 K and V for `max_sessions` sessions
-        of the served window."""
-        kv_per_token = 2 * self.n_layer * self.n_kv_head * self.head_dim * 4
+    def estimate_bytes(
+        self, ctx_cap: int, max_sessions: int, kernel: str = "numpy", kv_row_bytes: int = 0
+    ) -> int:
+        """Weights as `kernel` holds them plus K and V for `max_sessions` sessions of the
+        served window; `kv_row_bytes`: one position of one KV head in the model's KV type
+        (0: float32, head_dim * 4; runtime.devices.kv_row_bytes)."""
+        row = kv_row_bytes or self.head_dim * 4
+        kv_per_token = 2 * self.n_layer * self.n_kv_head * row
         kv = kv_per_token * self.context(ctx_cap) * max(1, max_sessions)
         return self.weight_bytes(kernel) + kv
 

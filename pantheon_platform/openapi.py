@@ -56,7 +56,10 @@ LOAD_PROGRESS = {
 ERRORS = {
     400: (
         "BadRequest",
-        "invalid_request_error: an empty, malformed or invalid body or query; on a model "
+        "invalid_request_error: an empty, malformed or invalid body or query; "
+        "context_over_budget (code context_length_exceeded, with context_window and "
+        "prompt_tokens): the prompt is longer than the window; not_supported_error: "
+        "llama-server's /infill on a model without FIM tokens; on a model "
         "load, load_failed for an option this server cannot honour or a GGUF architecture "
         "it does not implement (named, with the supported ones).",
     ),
@@ -84,7 +87,6 @@ ERRORS = {
         "unsupported_media_type: a POST/PUT/PATCH/DELETE to an operator or session route "
         "declared a Content-Type other than JSON (none is fine).",
     ),
-    422: ("ContextOverBudget", "context_over_budget: the prompt is longer than the window."),
     429: (
         "TooManyRequests",
         "server_busy, model_at_session_capacity, session_busy, or key_concurrency_exceeded "

@@ -37,6 +37,8 @@ LARGE_BODY_PATHS = frozenset(
         "/v1/embeddings",
         "/tokenize",
         "/detokenize",
+        "/completion",  # llama-server's (wire/llamacpp)
+        "/infill",
         "/v1/messages",
         "/v1/messages/count_tokens",
         "/v1/responses",

@@ -5,7 +5,8 @@ routes are plain Django views that parse their JSON by hand, and /session/watch 
 Channels consumer, so a generator would see empty bodies. Each app describes its own
 routes (`add_paths(paths)`, `schemas()` in wire/openapi.py (the meta and chat routes),
 wire/anthropic/openapi.py, operators/openapi.py, sessions/openapi.py,
-wire/responses/openapi.py, wire/completions/openapi.py, wire/ollama/openapi.py) with the
+wire/responses/openapi.py, wire/completions/openapi.py, wire/llamacpp/openapi.py,
+wire/ollama/openapi.py) with the
 building blocks of pantheon_platform/openapi.py, whose `serializer_schema` reads a request
 body's bounds from its serializer. This module puts the pieces together, adds what the
 ASGI layers may answer before any view and the CORS preflights, and serves the document;
@@ -25,6 +26,7 @@ import wire.anthropic.openapi as anthropic_openapi
 import wire.batches.openapi as batches_openapi
 import wire.completions.openapi as textapi_openapi
 import wire.files.openapi as files_openapi
+import wire.llamacpp.openapi as llamacpp_openapi
 import wire.ollama.openapi as ollama_openapi
 import wire.openapi as wire_openapi
 import wire.responses.openapi as responses_openapi
@@ -53,6 +55,7 @@ PIECES = (
     sessions_openapi,  # /admin/session/export, /session/...
     responses_openapi,  # /v1/responses, /v1/responses/{response_id}
     textapi_openapi,  # /v1/completions, /v1/embeddings, /tokenize, /detokenize
+    llamacpp_openapi,  # /props, /slots, /completion, /infill (llama-server's)
     anthropic_openapi,  # /v1/messages, /v1/messages/count_tokens
     ollama_openapi,  # /api/chat, /api/generate, /api/tags, ... (Ollama's)
     files_openapi,  # /v1/files, /v1/files/{file_id}, /v1/files/{file_id}/content
@@ -77,16 +80,17 @@ _ERROR = obj(
                     "pin_failed, invalid_alias, alias_conflict, alias_not_found, "
                     "invalid_api_key, insufficient_scope, forbidden_host, forbidden_origin, "
                     "key_concurrency_exceeded, key_store_unavailable, request_too_large, "
-                    "unsupported_media_type, ...",
+                    "unsupported_media_type, not_supported_error (llama-server's /infill), ...",
                 },
-                # null; llama.cpp's shape on /health's 503 carries the status (503).
+                # null but for an overflow (OpenAI's context_length_exceeded); llama.cpp's
+                # shape on /health's 503 carries the status (503).
                 "code": {"type": ["string", "integer", "null"]},
                 "param": STRING,
             },
             ("message", "type", "code"),
             additionalProperties=True,
-            description="Some types add fields, e.g. a streamed context_over_budget "
-            "carries kv_used and kv_cap; a 400 about one field names it in param "
+            description="Some types add fields, e.g. context_over_budget carries "
+            "context_window and prompt_tokens (streamed, kv_used and kv_cap too); a 400 about one field names it in param "
             "(e.g. messages[0].content holding a lone surrogate).",
         )
     },

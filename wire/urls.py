@@ -3,6 +3,7 @@ from django.urls import include, path
 from wire.anthropic import views as anthropic_views
 from wire.completions import embeddings, tokenize
 from wire.completions import views as completion_views
+from wire.llamacpp import views as llamacpp_views
 from wire.meta import views as meta_views
 from wire.openai_chat import views
 
@@ -24,6 +25,11 @@ urlpatterns = [
     path("v1/embeddings", embeddings.embeddings, name="embeddings"),
     path("tokenize", tokenize.tokenize, name="tokenize"),  # llama.cpp's
     path("detokenize", tokenize.detokenize, name="detokenize"),
+    # llama-server's own routes (llama.cpp's tools and editor plugins)
+    path("props", llamacpp_views.props, name="llama-props"),
+    path("slots", llamacpp_views.slots, name="llama-slots"),
+    path("completion", llamacpp_views.completion, name="llama-completion"),
+    path("infill", llamacpp_views.infill, name="llama-infill"),
     path("", include("wire.responses.urls")),  # /v1/responses, /v1/responses/{id}
     path("", include("wire.files.urls")),  # /v1/files, /v1/files/{id}[/content]
     path("", include("wire.batches.urls")),  # /v1/batches, /v1/batches/{id}[/cancel]

@@ -80,6 +80,10 @@ def load_model(config: ModelConfig, on_progress: ProgressCallback | None = None)
             except ValueError as exc:
                 raise ModelLoadError(f"{config.name}: {exc}") from None
             model = arch.load(gf, progress, cache, backend=backend, quantize=config.quantize)
+        try:
+            model.use_kv_dtype(config.kv_dtype)
+        except ValueError as exc:
+            raise ModelLoadError(f"{config.name}: {exc}") from None
         if cache is not None and cache.misses:
             progress.phase(CACHE_WRITE)  # published as the block exits
     progress.finish()

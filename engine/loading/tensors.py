@@ -111,6 +111,41 @@ class TensorSource:
         )
         return self.backend.dense_weight(fused)
 
+    def experts(self, name: str, n_expert: int) -> list[Weight]:
+        """A stacked expert tensor (GGUF [in, out, n_expert]) as one (out, in) matrix per
+        expert, each over its own rows of the stack: the file's blocks as they are (views
+        of the map, no copy) where the backend has a kernel for the type, else float32."""
+        self._require(name)
+        info = self.gf.tensors[name]
+        if len(info.shape) != 3 or int(info.shape[2]) != n_expert:
+            raise ModelLoadError(
+                f"tensor {name!r} has shape {info.shape}, not [in, out, {n_expert}]"
+            )
+        cols, rows = int(info.shape[0]), int(info.shape[1])
+        qtype = self.gf.tensor_type(name)
+        if self.quantize and cols % 32 == 0 and qtype in FLOAT_TYPES:
+            q8 = GGMLQuantizationType.Q8_0
+            blocks = self._prepared(
+                f"{name}@Q8_0", lambda: quantize(self._read(name).reshape(-1, cols), q8), [name]
+            )
+            qtype = q8
+        elif self.backend.storage_for(qtype) == BLOCKS:
+            blocks = self.gf.load_blocks(name)  # (n_expert * out, bytes per row)
+            self._advance([name], MAP)
+        else:
+            if qtype != GGMLQuantizationType.F32:
+                self.fallback[qtype.name] = self.fallback.get(qtype.name, 0) + 1
+            values = self._prepared(name, lambda: self._read(name).reshape(-1, cols), [name])
+            return [
+                self.backend.dense_weight(values[e * rows : (e + 1) * rows])
+                for e in range(n_expert)
+            ]
+        blocks = np.asarray(blocks)
+        return [
+            self.backend.block_weight(blocks[e * rows : (e + 1) * rows], qtype, (rows, cols))
+            for e in range(n_expert)
+        ]
+
     def _quantized(self, name: str, cols: int) -> Weight:
         """A float matrix as Q8_0 blocks (a quarter of float32's bytes, near-lossless)."""
         q8 = GGMLQuantizationType.Q8_0

@@ -13,20 +13,23 @@ No array math on weights happens here: every such operation is a backend call
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kernels import kv_types
 from kernels.backend import Backend
 from kernels.weights import RopeTable, Weight
 
 from ..loading.gguf_file import GGUFFile
 from ..loading.tensors import TensorSource
 from ..types import ModelLoadError
+from ._moe import MoeParams, MoeSpec, load_moe
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class ArchSpec:
 
     neox_rope: bool  # rotate halves (qwen2/3, gemma3), not adjacent pairs (GGUF llama)
     activation: str = "silu"  # of the gated FFN: "silu" or "gelu_tanh"
+    moe: MoeSpec | None = None  # a mixture-of-experts FFN on every layer (models/_moe.py)
     qkv_bias: bool = False  # q/k/v biases, read when the file has them (qwen2)
     qk_norm: str = "none"  # per-head RMSNorm of q and k: "none", "optional", "required"
     sandwich_norms: bool = False  # gemma3: RMSNorm after attention and after the FFN too
@@ -47,7 +51,43 @@ class ArchSpec:
     default_ctx: int = 2048
     default_rope_base: float = 10000.0
     default_eps: float = 1e-5
-    partial_rope: bool = False  # rope.dimension_count < head_dim supported (no: refuse)
+    partial_rope: bool = False  # rope.dimension_count < head_dim: rotate only the first dims
+    pre_norms: bool = True  # RMSNorm before attention and the FFN (olmo2: post-norms only)
+    qk_norm_full: bool = False  # olmo2: q/k RMSNorm over the whole projection, not per head
+    no_rope_interval: int = 0  # > 0: layer i has no RoPE when (i + 1) % interval == 0 (smollm3)
+    attention_scale: float = 0.0  # > 0: the score scale instead of 1/sqrt(head_dim)
+    embedding_multiplier: float = 0.0  # > 0: embeddings times this (granite)
+    residual_multiplier: float = 0.0  # > 0: each branch's output times this before its add
+    logit_divisor: float = 0.0  # > 0: logits divided by this (granite's logit_scale)
+    # LongRoPE (phi3): per-frequency divisors of the RoPE wavelengths, `short` for served
+    # contexts within rope_orig_ctx, `long` beyond it; cos/sin times rope_attn_factor.
+    rope_factors_short: tuple[float, ...] = ()
+    rope_factors_long: tuple[float, ...] = ()
+    rope_orig_ctx: int = 0
+    rope_attn_factor: float = 1.0
+    # What a file sets for its architecture (soft-caps, multipliers, RoPE factors), read
+    # into a per-file copy of the spec (`for_file`); None: the declaration is complete.
+    read_file: Callable[[GGUFFile], dict] | None = None
+
+    def for_file(self, gf: GGUFFile) -> ArchSpec:
+        if self.read_file is None:
+            return self
+        return dataclasses.replace(self, read_file=None, **self.read_file(gf))
+
+    @property
+    def fuses_decode(self) -> bool:
+        """Whether a backend's one-call decode stack (`Backend.decode_stack`) can run this
+        block: it does pre-norms, per-head q/k norms, RoPE on every layer and the plain
+        score scale, nothing of the options after those."""
+        return (
+            self.pre_norms
+            and not self.qk_norm_full
+            and not self.no_rope_interval
+            and not self.attention_scale
+            and not self.embedding_multiplier
+            and not self.residual_multiplier
+            and not self.rope_factors_long  # chosen per KV cache (models/_block.py)
+        )
 
 
 @dataclass(frozen=True)
@@ -79,7 +119,7 @@ class HParams:
             n_head=n_head,
             n_kv_head=int(gf.arch_value("attention.head_count_kv", n_head)),
             head_dim=head_dim,
-            d_ff=int(gf.arch_value("feed_forward_length")),
+            d_ff=int(gf.arch_value("feed_forward_length", 0 if spec.moe else None)),
             vocab_size=int(vocab),
             n_ctx_train=int(gf.arch_value("context_length", spec.default_ctx)),
             rope_base=float(gf.arch_value("rope.freq_base", spec.default_rope_base)),
@@ -93,22 +133,28 @@ class HParams:
     def is_global(self, layer: int, spec: ArchSpec) -> bool:
         return not spec.swa_pattern or (layer + 1) % spec.swa_pattern == 0
 
+    def has_rope(self, layer: int, spec: ArchSpec) -> bool:
+        return not spec.no_rope_interval or (layer + 1) % spec.no_rope_interval != 0
+
 
 @dataclass
 class LayerWeights:
-    attn_norm: Any  # (D,)
+    attn_norm: Any  # (D,); None without pre-norms (olmo2)
     attn_qkv: Weight  # (Dq + 2 Dkv, D): q, k, v rows fused into one matmul
     attn_output: Weight  # (D, Dq)
     ffn_norm: Any
     ffn_gate_up: Weight  # (2 F, D): gate and up fused
     ffn_down: Weight  # (D, F)
-    rope: RopeTable  # this layer's table (gemma3: local or global base)
+    rope: RopeTable | None  # this layer's table (gemma3: local or global base); None: no RoPE
     window: int = 0  # > 0: sliding-window layer
     attn_qkv_bias: Any = None  # (Dq + 2 Dkv,)
     attn_q_norm: Any = None  # (Dh,)
     attn_k_norm: Any = None
     post_attention_norm: Any = None  # (D,)
     post_ffw_norm: Any = None
+    # models._moe.MoeWeights: router and experts in place of the FFN (ffn_gate_up and
+    # ffn_down are None then)
+    moe: Any = None
 
 
 class Prefill:
@@ -179,14 +225,14 @@ class DecoderModel:
     def __init__(
         self, gf: GGUFFile, spec: ArchSpec, source: TensorSource, layers: range | None = None
     ):
-        self.spec = spec
+        self.spec = spec = spec.for_file(gf)
         self.backend = be = source.backend
         self.hp = hp = HParams.from_gguf(gf, spec)
         if hp.rope_dim != hp.head_dim and not spec.partial_rope:
             raise ModelLoadError(
                 f"partial RoPE (dim {hp.rope_dim} of {hp.head_dim}) is not supported"
             )
-        rope_global = be.rope_table(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
+        rope_global = self._rope_table(spec.rope_factors_short)
         rope_local = rope_global
         if spec.local_rope_base:
             rope_local = be.rope_table(hp.n_ctx_train, hp.rope_dim, spec.local_rope_base)
@@ -205,21 +251,31 @@ class DecoderModel:
             source.matrix("token_embd.weight") if self.embeds or (self.heads and tied) else None
         )
         self.layers: list[LayerWeights] = []
+        moe = MoeParams.from_gguf(gf, spec.moe) if spec.moe else None
         for i in layers:
             p = f"blk.{i}."
             qkv_names = [p + f"attn_{x}.weight" for x in "qkv"]
+            if source.has(p + "attn_qkv.weight"):  # stored fused already (phi3)
+                qkv_names = [p + "attn_qkv.weight"]
+            gate_up_names = [p + "ffn_gate.weight", p + "ffn_up.weight"]
+            if not source.has(gate_up_names[0]):  # phi3: ffn_up holds gate then up rows
+                gate_up_names = gate_up_names[1:]
             is_global = hp.is_global(i, spec)
+            ffn_gate_up = ffn_down = None  # an MoE layer has experts instead (below)
+            if moe is None:
+                ffn_gate_up = source.matrix(gate_up_names)
+                ffn_down = source.matrix(p + "ffn_down.weight")
             layer = LayerWeights(
-                attn_norm=source.vector(p + "attn_norm.weight"),
+                attn_norm=source.vector(p + "attn_norm.weight") if spec.pre_norms else None,
                 attn_qkv=source.matrix(qkv_names),
                 attn_output=source.matrix(p + "attn_output.weight"),
-                ffn_norm=source.vector(p + "ffn_norm.weight"),
-                ffn_gate_up=source.matrix([p + "ffn_gate.weight", p + "ffn_up.weight"]),
-                ffn_down=source.matrix(p + "ffn_down.weight"),
-                rope=rope_global if is_global else rope_local,
+                ffn_norm=source.vector(p + "ffn_norm.weight") if spec.pre_norms else None,
+                ffn_gate_up=ffn_gate_up,
+                ffn_down=ffn_down,
+                rope=(rope_global if is_global else rope_local) if hp.has_rope(i, spec) else None,
                 window=0 if is_global else hp.sliding_window,
             )
-            if spec.qkv_bias:
+            if spec.qkv_bias and len(qkv_names) == 3:
                 layer.attn_qkv_bias = source.fused_bias(
                     [n.replace(".weight", ".bias") for n in qkv_names], qkv_names
                 )
@@ -227,6 +283,8 @@ class DecoderModel:
                 optional = spec.qk_norm == "optional"
                 layer.attn_q_norm = source.vector(p + "attn_q_norm.weight", optional)
                 layer.attn_k_norm = source.vector(p + "attn_k_norm.weight", optional)
+            if moe is not None:
+                layer.moe = load_moe(source, p, moe)
             if spec.sandwich_norms:
                 layer.post_attention_norm = source.vector(p + "post_attention_norm.weight")
                 layer.post_ffw_norm = source.vector(p + "post_ffw_norm.weight")
@@ -238,13 +296,32 @@ class DecoderModel:
             output = source.matrix("output.weight", optional=True)
             self.output = self.tok_embd if output is None else output
         self.embed_scale = be.dtype.type(math.sqrt(hp.d_model)) if spec.embed_scale else None
-        self.attn_scale = 1.0 / math.sqrt(hp.head_dim)
+        if spec.embedding_multiplier:
+            self.embed_scale = be.dtype.type(spec.embedding_multiplier)
+        self.residual_scale = (
+            be.dtype.type(spec.residual_multiplier) if spec.residual_multiplier else None
+        )
+        self.attn_scale = spec.attention_scale or 1.0 / math.sqrt(hp.head_dim)
         # Tensor types dequantised at load because the backend has no kernel for them
         # (the reference numpy backend dequantises everything by design: not a fallback).
         self.fallback_types = {} if be.name == "numpy" else dict(source.fallback)
         # The whole decode stack as one compiled call where the backend has one (bitwise
         # the per-op `block`; tests compare the two), else None.
-        self.decode_stack = be.decode_stack(self.layers, hp, spec)
+        self.decode_stack = be.decode_stack(self.layers, hp, spec) if spec.fuses_decode else None
+        # LongRoPE: the table of the long factors, for KV caches longer than the original
+        # training context (as llama.cpp chooses by the served context); the layers hold
+        # the short one.
+        self.long_rope = None
+        if spec.rope_factors_long and spec.rope_orig_ctx:
+            self.long_rope = self._rope_table(spec.rope_factors_long)
+
+    def _rope_table(self, factors: tuple[float, ...]) -> RopeTable:
+        hp, spec = self.hp, self.spec
+        if not factors:
+            return self.backend.rope_table(hp.n_ctx_train, hp.rope_dim, hp.rope_base)
+        return self.backend.rope_table(
+            hp.n_ctx_train, hp.rope_dim, hp.rope_base, factors, spec.rope_attn_factor
+        )
 
     # ---- what the service asks of a model ----
 
@@ -261,10 +338,31 @@ class DecoderModel:
                     vectors.append(value)
         return int(sum(w.nbytes for w in matrices.values()) + sum(v.nbytes for v in vectors))
 
-    def make_kv_cache(self, n_slots: int, n_ctx: int):
+    # The KV cache's storage type (kernels/kv_types.py; the `kv_dtype` load option).
+    kv_dtype = kv_types.DEFAULT_KV_DTYPE
+
+    def use_kv_dtype(self, kv_dtype: str) -> None:
+        """Keep this model's KV caches (made from now on, unless `make_kv_cache` names
+        another) as `kv_dtype`; ValueError when it is no KV type, or the head size or the
+        backend cannot store it."""
+        kv_dtype = kv_types.check_kv_dtype(kv_dtype)
+        problem = kv_types.fits(kv_dtype, self.hp.head_dim)
+        if problem is None and kv_dtype not in self.backend.kv_dtypes:
+            problem = (
+                f"kv_dtype {kv_dtype}: the {self.backend.name} backend keeps its KV cache "
+                f"as {' or '.join(self.backend.kv_dtypes)} only"
+            )
+        if problem:
+            raise ValueError(problem)
+        self.kv_dtype = kv_dtype
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int, kv_dtype: str | None = None):
+        """A KV cache for this model's layers, stored as `kv_dtype` (None: the model's)."""
         hp = self.hp
         n_layer = len(self.layers)
-        return self.backend.make_kv_cache(n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim)
+        return self.backend.make_kv_cache(
+            n_layer, n_slots, hp.n_kv_head, n_ctx, hp.head_dim, kv_dtype or self.kv_dtype
+        )
 
     def forward(self, tokens, start: int, kv, slot: int, all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions start.. on one slot (a prompt chunk). Returns logits of
@@ -385,36 +483,60 @@ class DecoderModel:
         H, Hkv, Dh = hp.n_head, hp.n_kv_head, hp.head_dim
         Dq, Dkv = H * Dh, Hkv * Dh
 
-        h = be.rms_norm(x, layer.attn_norm, hp.eps)
+        h = x if layer.attn_norm is None else be.rms_norm(x, layer.attn_norm, hp.eps)
         qkv = step.linear(h, layer.attn_qkv)  # (n, Dq + 2 Dkv)
         if layer.attn_qkv_bias is not None:
             qkv += layer.attn_qkv_bias
-        q = qkv[:, :Dq].reshape(n, H, Dh)
-        k = qkv[:, Dq : Dq + Dkv].reshape(n, Hkv, Dh)
-        v = qkv[:, Dq + Dkv :].reshape(n, Hkv, Dh)
-        if layer.attn_q_norm is not None:
+        q, k = qkv[:, :Dq], qkv[:, Dq : Dq + Dkv]
+        if spec.qk_norm_full:  # olmo2: one norm over all heads' queries (and keys)
             q = be.rms_norm(q, layer.attn_q_norm, hp.eps)
             k = be.rms_norm(k, layer.attn_k_norm, hp.eps)
-        q = be.rope(q, step.positions, layer.rope, spec.neox_rope)
-        k = be.rope(k, step.positions, layer.rope, spec.neox_rope)
+        q, k = q.reshape(n, H, Dh), k.reshape(n, Hkv, Dh)
+        v = qkv[:, Dq + Dkv :].reshape(n, Hkv, Dh)
+        if layer.attn_q_norm is not None and not spec.qk_norm_full:
+            q = be.rms_norm(q, layer.attn_q_norm, hp.eps)
+            k = be.rms_norm(k, layer.attn_k_norm, hp.eps)
+        if layer.rope is not None:
+            q, k = self._rope(q, step, layer.rope), self._rope(k, step, layer.rope)
         attn = step.attention(q, k, v, li, self.attn_scale, layer.window, spec.attn_softcap)
         out = step.linear(attn, layer.attn_output)  # (n, D)
         if layer.post_attention_norm is not None:
             out = be.rms_norm(out, layer.post_attention_norm, hp.eps)
+        if self.residual_scale is not None:
+            out = out * self.residual_scale
         x = x + out
 
-        h = be.rms_norm(x, layer.ffn_norm, hp.eps)
-        gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
-        out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
+        h = x if layer.ffn_norm is None else be.rms_norm(x, layer.ffn_norm, hp.eps)
+        if layer.moe is not None:
+            out = layer.moe.forward(be, h, step, spec.activation)
+        else:
+            gate_up = step.linear(h, layer.ffn_gate_up)  # (n, 2F)
+            out = step.linear(be.glu(gate_up, hp.d_ff, spec.activation), layer.ffn_down)
         if layer.post_ffw_norm is not None:
             out = be.rms_norm(out, layer.post_ffw_norm, hp.eps)
+        if self.residual_scale is not None:
+            out = out * self.residual_scale
         return x + out
+
+    def _rope(self, x, step, table: RopeTable):
+        """RoPE over each head's first rope_dim values (all of them but for partial RoPE,
+        phi3's Phi-4-mini: the rest pass through)."""
+        if self.long_rope is not None and step.kv.n_ctx > self.spec.rope_orig_ctx:
+            table = self.long_rope
+        rot = self.hp.rope_dim
+        if rot == x.shape[-1]:
+            return self.backend.rope(x, step.positions, table, self.spec.neox_rope)
+        x = x.copy()
+        x[..., :rot] = self.backend.rope(x[..., :rot], step.positions, table, self.spec.neox_rope)
+        return x
 
     def _logits(self, x, step, keep_on_device: bool = False) -> np.ndarray:
         be = self.backend
         if not self.heads:  # a stage before the last: its hidden states go on
             return x
         logits = step.linear(be.rms_norm(x, self.output_norm, self.hp.eps), self.output)  # (n, V)
+        if self.spec.logit_divisor > 0:
+            logits = logits / be.dtype.type(self.spec.logit_divisor)
         if self.spec.final_softcap > 0:
             logits = be.softcap(logits, self.spec.final_softcap)
         return logits if keep_on_device else be.to_host(logits)

@@ -64,7 +64,10 @@ class PipelineModel:
         self.reached = False  # a forward pass has gone through the layers (attention)
         # CUDA graphs of each stage's decode step, per batch-size bucket, where every
         # stage's backend can capture one (the cuda backend); None: direct kernels only.
-        can_capture = all(s.model.backend.captures_graphs for s in stages)
+        # Not with mixture-of-experts layers: their routing is read on the host each step.
+        can_capture = all(
+            s.model.backend.captures_graphs and s.model.spec.moe is None for s in stages
+        )
         self.graphs = GraphSlots() if can_capture else None
         self.fallback_types = {}
         for stage in stages:
@@ -99,8 +102,19 @@ class PipelineModel:
         if not self._kv_holders and self.graphs is not None:
             self.graphs.drop()
 
-    def make_kv_cache(self, n_slots: int, n_ctx: int) -> SplitKV:
-        return SplitKV([(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx)) for s in self.stages])
+    @property
+    def kv_dtype(self) -> str:
+        return self.stages[0].model.kv_dtype
+
+    def use_kv_dtype(self, kv_dtype: str) -> None:
+        """Every stage's KV cache as `kv_dtype` (DecoderModel.use_kv_dtype)."""
+        for stage in self.stages:
+            stage.model.use_kv_dtype(kv_dtype)
+
+    def make_kv_cache(self, n_slots: int, n_ctx: int, kv_dtype: str | None = None) -> SplitKV:
+        return SplitKV(
+            [(s.die, s.run(s.model.make_kv_cache, n_slots, n_ctx, kv_dtype)) for s in self.stages]
+        )
 
     def _through(self, method: str, x, kv: SplitKV, args):
         """x (tokens, then hidden states) through every stage's `method`, in order;

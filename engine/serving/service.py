@@ -84,8 +84,9 @@ class ModelService:
         self.max_sessions = config.max_sessions
         # One KV slot per concurrently decoded sequence (the contract: 0 -> max_sessions).
         self.max_concurrent_configured = max(1, config.max_concurrent or config.max_sessions)
+        # Stored as the kv_dtype load option asks (a sibling may differ from the load's).
         self.kv = model.make_kv_cache(
-            self.max_concurrent_configured, self.context_window_configured
+            self.max_concurrent_configured, self.context_window_configured, config.kv_dtype
         )
         # The dies the layers live on (kernels.devices.dies), and what serving holds there.
         self.placed_on = list(getattr(model, "dies", ()))
@@ -227,6 +228,16 @@ class ModelService:
         draft = self.engine_loop.speculator.draft
         extra = draft.draft.model.weight_bytes + draft.kv.nbytes if draft is not None else 0
         return self.model.weight_bytes + self.kv.nbytes + extra
+
+    @property
+    def kv_dtype(self) -> str:
+        """What the KV cache stores keys and values as: f32, f16 or q8_0 (`kv_dtype`)."""
+        return self.kv.kv_dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One position of the KV cache in its type: K and V of every layer, in bytes."""
+        return self.kv.bytes_per_token()
 
     # ---- prompts (any thread; engine/chat/prompt.py) ----
 

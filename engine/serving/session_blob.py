@@ -6,15 +6,18 @@ Format, version 1
 =================
 
 All integers and floats are little-endian. ``H`` is the header length, ``P`` the size in
-bytes of one KV payload (``n_layer * n_kv_head * n_tok * head_dim * 4``)::
+bytes of one KV payload (``n_layer * n_kv_head * n_tok * R``, ``R`` the bytes of one
+position of one head in the blob's KV type: ``head_dim * 4`` for "float32", ``head_dim *
+2`` for "float16", ``head_dim / 32 * 34`` for "q8_0")::
 
     offset      size      field
     0           8         magic b"PNKVBLOB"
     8           4         u32 format version (FORMAT_VERSION = 1)
     12          4         u32 header length H in bytes; a reader refuses H > 64 MiB
     16          H         header: a UTF-8 JSON object (below)
-    16+H        P         K: float32, C order, shape (n_layer, n_kv_head, n_tok, head_dim)
-    16+H+P      P         V: float32, same shape and order
+    16+H        P         K: C order, (n_layer, n_kv_head, n_tok) rows of R bytes: float32
+                          or float16 values, or Q8_0 blocks (an f16 scale, 32 int8 values)
+    16+H+P      P         V: same type, shape and order
     16+H+2P     32        sha256 of bytes [0, 16+H+2P), i.e. of every preceding byte
 
 The total length is exactly ``16 + H + 2*P + 32``; anything shorter is truncated, anything
@@ -25,7 +28,9 @@ informative ones without a version bump):
 
     "architecture"     str    GGUF ``general.architecture`` of the model, e.g. "llama"
     "weights_version"  str    the model's weights version (content hash of its GGUF)
-    "kv_dtype"         str    "float32" (the only value version 1 defines)
+    "kv_dtype"         str    "float32", "float16" or "q8_0": the model's KV cache type (its
+                              `kv_dtype` load option f32, f16, q8_0; version 1 first defined
+                              only "float32", which every earlier blob holds)
     "n_layer"          int    >= 0
     "n_kv_head"        int    >= 0
     "head_dim"         int    >= 0
@@ -59,13 +64,14 @@ but was captured under other weights is ``409 weights_version_mismatch``):
 
 1. structure: empty input, magic, format version, header length limit, the header's bytes
    all present, header is UTF-8 JSON and an object;
-2. size: the fields the payload size depends on ("kv_dtype" must be "float32"; "n_layer",
-   "n_kv_head", "head_dim", "n_tok" present and non-negative ints, n_tok >= 1), then the
-   total length is exact (truncated / trailing bytes);
+2. size: the fields the payload size depends on ("kv_dtype" one of the three; "n_layer",
+   "n_kv_head", "head_dim", "n_tok" present and non-negative ints, n_tok >= 1, head_dim a
+   multiple of 32 for "q8_0"), then the total length is exact (truncated / trailing bytes);
 3. checksum;
 4. the remaining header field types;
 5. architecture (vs the model);
-6. KV shape: n_layer, n_kv_head, head_dim (vs the model);
+6. KV shape: n_layer, n_kv_head, head_dim, then the KV type (vs the model's: a blob
+   restores only into a model that keeps its cache in the same type);
 7. tokens: count == n_tok, each an int in range;
 8. weights_version (vs the model) -> :class:`WeightsVersionMismatch`.
 
@@ -82,19 +88,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels import kv_types
+
 from ..types import BadSessionBlob, WeightsVersionMismatch
 
 MAGIC = b"PNKVBLOB"
 FORMAT_VERSION = 1
 MAX_HEADER_BYTES = 64 << 20  # 64 MiB
-KV_DTYPE = "float32"
+KV_DTYPE = "float32"  # what a model with the default f32 cache writes
+# The blob's name for each KV type (the `kv_dtype` load option's values) and its element.
+BLOB_KV_DTYPES = {"f32": "float32", "f16": "float16", "q8_0": "q8_0"}
+_KV_OF_BLOB = {name: kv for kv, name in BLOB_KV_DTYPES.items()}
+_ELEMENT = {"f32": np.dtype("<f4"), "f16": np.dtype("<f2"), "q8_0": np.dtype("u1")}
 TOKEN_LIMIT = 1 << 31  # token ids are 0 <= t < 2**31
 
 _PREAMBLE = struct.Struct("<8sII")  # magic, format version, header length
 _DIGEST_BYTES = 32
-_ITEM_BYTES = 4  # float32
 _PAYLOAD_ALIGN = 64
-_LE_F4 = np.dtype("<f4")
 _SIZE_FIELDS = ("n_layer", "n_kv_head", "head_dim", "n_tok")
 _HEADER_KEYS = (
     "architecture",
@@ -119,12 +129,19 @@ class KVLayout:
     n_layer: int
     n_kv_head: int
     head_dim: int
+    kv_dtype: str = "f32"  # the cache's type (kernels/kv_types.py): f32, f16 or q8_0
+
+    @property
+    def row_items(self) -> int:
+        """Elements of one position of one head as stored (head_dim, or Q8_0 bytes)."""
+        return kv_types.storage(self.kv_dtype, self.head_dim)[1]
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays have no truth value; compare fields
 class SessionSnapshot:
     """One conversation's cached state: the tokens and their K/V, each
-    (n_layer, n_kv_head, n_tok, head_dim) float32."""
+    (n_layer, n_kv_head, n_tok, row) in the layout's KV type (row: head_dim float32 or
+    float16 values, or head_dim / 32 Q8_0 blocks as bytes)."""
 
     layout: KVLayout
     tokens: tuple[int, ...]
@@ -146,18 +163,18 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _payload(name: str, arr: object, shape: tuple[int, ...]) -> np.ndarray:
+def _payload(name: str, arr: object, shape: tuple[int, ...], element: np.dtype) -> np.ndarray:
     if not isinstance(arr, np.ndarray):
         raise ValueError(f"snapshot.{name} must be a numpy array, got {type(arr).__name__}")
-    if arr.dtype.kind != "f" or arr.dtype.itemsize != _ITEM_BYTES:
-        raise ValueError(f"snapshot.{name} must be float32, got {arr.dtype}")
+    if arr.dtype.kind != element.kind or arr.dtype.itemsize != element.itemsize:
+        raise ValueError(f"snapshot.{name} must be {element}, got {arr.dtype}")
     if arr.shape != shape:
         raise ValueError(
             f"snapshot.{name} has shape {arr.shape}; the layout and tokens need {shape} "
-            "(n_layer, n_kv_head, n_tok, head_dim)"
+            "(n_layer, n_kv_head, n_tok, row)"
         )
     # Little-endian and C-contiguous; a copy only when the array is not already both.
-    return np.ascontiguousarray(arr, dtype=_LE_F4)
+    return np.ascontiguousarray(arr, dtype=element)
 
 
 def _raw_bytes(arr: np.ndarray) -> memoryview:
@@ -202,14 +219,18 @@ def encode(snapshot: SessionSnapshot) -> bytes:
     if not np.isfinite(created):
         raise ValueError(f"snapshot.created must be finite, got {created!r}")
 
-    shape = (layout.n_layer, layout.n_kv_head, len(tokens), layout.head_dim)
-    k = _payload("k", snapshot.k, shape)
-    v = _payload("v", snapshot.v, shape)
+    if layout.kv_dtype not in BLOB_KV_DTYPES:
+        raise ValueError(f"layout.kv_dtype must be one of {', '.join(BLOB_KV_DTYPES)}")
+    if kv_types.fits(layout.kv_dtype, layout.head_dim):
+        raise ValueError(kv_types.fits(layout.kv_dtype, layout.head_dim))
+    shape = (layout.n_layer, layout.n_kv_head, len(tokens), layout.row_items)
+    k = _payload("k", snapshot.k, shape, _ELEMENT[layout.kv_dtype])
+    v = _payload("v", snapshot.v, shape, _ELEMENT[layout.kv_dtype])
 
     header = {
         "architecture": layout.architecture,
         "weights_version": layout.weights_version,
-        "kv_dtype": KV_DTYPE,
+        "kv_dtype": BLOB_KV_DTYPES[layout.kv_dtype],
         "n_layer": layout.n_layer,
         "n_kv_head": layout.n_kv_head,
         "head_dim": layout.head_dim,
@@ -341,10 +362,11 @@ def _parse(mv: memoryview) -> tuple[dict, int]:
 
     # Size: what the payload length depends on.
     _missing(header, "kv_dtype")
-    if header["kv_dtype"] != KV_DTYPE:
+    kv_dtype = _KV_OF_BLOB.get(header["kv_dtype"]) if isinstance(header["kv_dtype"], str) else None
+    if kv_dtype is None:
         raise BadSessionBlob(
-            f"blob KV dtype is {_show(header['kv_dtype'])}; "
-            f"format version {FORMAT_VERSION} holds only {KV_DTYPE!r}"
+            f"blob KV dtype is {_show(header['kv_dtype'])}; format version "
+            f"{FORMAT_VERSION} holds {', '.join(repr(n) for n in BLOB_KV_DTYPES.values())}"
         )
     for key in _SIZE_FIELDS:
         _missing(header, key)
@@ -354,9 +376,11 @@ def _parse(mv: memoryview) -> tuple[dict, int]:
             raise BadSessionBlob(
                 f"blob header field {key!r} must be an integer >= {least}, found {_show(value)}"
             )
-    payload = (
-        header["n_layer"] * header["n_kv_head"] * header["n_tok"] * header["head_dim"]
-    ) * _ITEM_BYTES
+    problem = kv_types.fits(kv_dtype, header["head_dim"])
+    if problem:
+        raise BadSessionBlob(f"blob: {problem}")
+    row = kv_types.row_bytes(kv_dtype, header["head_dim"])
+    payload = header["n_layer"] * header["n_kv_head"] * header["n_tok"] * row
     expected = k_offset + 2 * payload + _DIGEST_BYTES
     if n < expected:
         raise BadSessionBlob(f"blob is truncated: expected {expected} bytes, got {n}")
@@ -463,6 +487,13 @@ def decode(blob: bytes | bytearray | memoryview, expect: KVLayout) -> SessionSna
             "blob KV shape ({} layers, {} kv heads, head dim {}) does not fit this model "
             "({} layers, {} kv heads, head dim {})".format(*got, *want)
         )
+    kv_dtype = _KV_OF_BLOB[header["kv_dtype"]]
+    if kv_dtype != expect.kv_dtype:
+        raise BadSessionBlob(
+            f"blob KV cache type is {kv_dtype}; this model keeps its KV cache as "
+            f"{expect.kv_dtype} (its kv_dtype load option): a blob restores only into a "
+            "model of the same KV type — replay the conversation instead"
+        )
     _check_tokens(header)
     if header["weights_version"] != expect.weights_version:
         raise WeightsVersionMismatch(
@@ -471,11 +502,12 @@ def decode(blob: bytes | bytearray | memoryview, expect: KVLayout) -> SessionSna
         )
 
     n_tok = header["n_tok"]
-    shape = (expect.n_layer, expect.n_kv_head, n_tok, expect.head_dim)
-    count = expect.n_layer * expect.n_kv_head * n_tok * expect.head_dim
+    shape = (expect.n_layer, expect.n_kv_head, n_tok, expect.row_items)
+    count = expect.n_layer * expect.n_kv_head * n_tok * expect.row_items
+    element = _ELEMENT[kv_dtype]
     arrays = []
-    for offset in (k_offset, k_offset + count * _ITEM_BYTES):
-        arr = np.frombuffer(mv, dtype=_LE_F4, count=count, offset=offset).reshape(shape)
+    for offset in (k_offset, k_offset + count * element.itemsize):
+        arr = np.frombuffer(mv, dtype=element, count=count, offset=offset).reshape(shape)
         arr.flags.writeable = False
         arrays.append(arr)
     return SessionSnapshot(
@@ -485,6 +517,7 @@ def decode(blob: bytes | bytearray | memoryview, expect: KVLayout) -> SessionSna
             n_layer=header["n_layer"],
             n_kv_head=header["n_kv_head"],
             head_dim=header["head_dim"],
+            kv_dtype=kv_dtype,
         ),
         tokens=tuple(header["tokens"]),
         k=arrays[0],

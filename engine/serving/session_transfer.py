@@ -47,7 +47,10 @@ class SessionTransfer:
     @property
     def kv_layout(self) -> KVLayout:
         n_layer, n_kv_head, head_dim = self.kv.layout
-        return KVLayout(self.architecture, self.weights_version, n_layer, n_kv_head, head_dim)
+        kv_dtype = getattr(self.kv, "kv_dtype", "f32")
+        return KVLayout(
+            self.architecture, self.weights_version, n_layer, n_kv_head, head_dim, kv_dtype
+        )
 
     def snapshot(self, key: SessionKey, conv: Conversation) -> SessionSnapshot:
         """One parked conversation as a blob's contents (export and the disk writer)."""

@@ -117,6 +117,49 @@ static int overlap(const Buf *a, const Buf *b) {
 
 static Py_ssize_t dim(const Buf *b, int i) { return b->v.shape ? b->v.shape[i] : b->v.len; }
 
+/* Whether a buffer's elements are format `c` of `itemsize` bytes. */
+static int is_format(const Py_buffer *v, char c, Py_ssize_t itemsize) {
+    const char *f = v->format ? v->format : "B";
+    if (v->itemsize != itemsize)
+        return 0;
+    if (f[0] == '<' || f[0] == '=' || f[0] == '@')
+        f++;
+    return f[0] == c && f[1] == '\0';
+}
+
+/* The KV type of a cache buffer (kv.h), or -1. */
+static int kv_type(const Py_buffer *v, Py_ssize_t Dh) {
+    if (is_f32(v))
+        return KV_F32;
+    if (is_format(v, 'e', 2))
+        return KV_F16;
+    if (is_format(v, 'B', 1) && Dh % KV_QK == 0)
+        return KV_Q8_0;
+    return -1;
+}
+
+/* A KV cache (kv.h) from its two 5-D buffers (n_layer, n_slots, Hkv, n_ctx, row) holding
+ * heads of Dh values: float32 or float16 rows of Dh, or uint8 rows of Dh / 32 Q8_0 blocks.
+ * Returns 0, or -1 with the error set. */
+static int kv_of(const Buf *kc, const Buf *vc, Py_ssize_t Dh, kv_cache *kv) {
+    const int type = kv_type(&kc->v, Dh);
+    const int64_t row = type < 0 ? -1 : kv_row_bytes(type, Dh) / (int64_t)kc->v.itemsize;
+    if (type < 0 || dim(kc, 4) != row) {
+        PyErr_Format(PyExc_ValueError,
+                     "kcache must be (n_layer, n_slots, Hkv, n_ctx, row) float32 or float16 "
+                     "rows of Dh=%zd, or uint8 rows of Dh / 32 Q8_0 blocks (format '%s', "
+                     "last dimension %zd)",
+                     Dh, kc->v.format ? kc->v.format : "B", dim(kc, 4));
+        return -1;
+    }
+    if (kv_type(&vc->v, Dh) != type) {
+        PyErr_SetString(PyExc_ValueError, "vcache must have kcache's type");
+        return -1;
+    }
+    *kv = (kv_cache){kc->v.buf, vc->v.buf, type, dim(kc, 1), dim(kc, 3)};
+    return 0;
+}
+
 /* The number of values K of a row of `row_bytes` bytes of type qt, or -1 (error set). */
 static Py_ssize_t row_values(int qt, Py_ssize_t row_bytes) {
     if (qt_name(qt) == NULL) {
@@ -167,6 +210,7 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
         return NULL;
     }
     g_isa = i;
+    kv_set_isa(i);
     Py_RETURN_NONE;
 }
 
@@ -387,6 +431,7 @@ static int same_shape(const Buf *b, int ndim, const Py_ssize_t *want) {
  * -1 with the error set; attn_release in both cases. */
 typedef struct {
     Buf q, k, v, kc, vc, o;
+    kv_cache kv;
 } AttnBufs;
 
 static void attn_release(AttnBufs *a) {
@@ -402,12 +447,14 @@ static int attn_get(PyObject *oq, PyObject *ok, PyObject *ov, PyObject *okc, PyO
                     PyObject *oo, Py_ssize_t layer, double scale, double softcap,
                     AttnBufs *a) {
     if (get(oq, &a->q, "q", 3, F32, 0) || get(ok, &a->k, "k", 3, F32, 0) ||
-        get(ov, &a->v, "v", 3, F32, 0) || get(okc, &a->kc, "kcache", 5, F32, 1) ||
-        get(ovc, &a->vc, "vcache", 5, F32, 1) || get(oo, &a->o, "out", 2, F32, 1))
+        get(ov, &a->v, "v", 3, F32, 0) || get(okc, &a->kc, "kcache", 5, ANY, 1) ||
+        get(ovc, &a->vc, "vcache", 5, ANY, 1) || get(oo, &a->o, "out", 2, F32, 1))
         return -1;
     const Py_ssize_t n = dim(&a->q, 0), H = dim(&a->q, 1), Dh = dim(&a->q, 2);
     const Py_ssize_t n_layer = dim(&a->kc, 0), Hkv = dim(&a->kc, 2);
-    if (Hkv < 1 || H % Hkv != 0 || dim(&a->kc, 4) != Dh) {
+    if (kv_of(&a->kc, &a->vc, Dh, &a->kv))
+        return -1;
+    if (Hkv < 1 || H % Hkv != 0) {
         PyErr_Format(PyExc_ValueError,
                      "kcache (n_layer, n_slots, Hkv, n_ctx, Dh) must have Hkv dividing H=%zd "
                      "and Dh=%zd",
@@ -471,9 +518,8 @@ static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *
         int rc;
         Py_BEGIN_ALLOW_THREADS;
         rc = cpu_attention_prefill(nt, (const float *)a.q.v.buf, (const float *)a.k.v.buf,
-                                   (const float *)a.v.v.buf, (float *)a.kc.v.buf,
-                                   (float *)a.vc.v.buf, n_slots, n_ctx, layer, slot, start, T,
-                                   H, Hkv, Dh, (float)scale, window, (float)softcap,
+                                   (const float *)a.v.v.buf, &a.kv, layer, slot, start, T, H,
+                                   Hkv, Dh, (float)scale, window, (float)softcap,
                                    (float *)a.o.v.buf);
         Py_END_ALLOW_THREADS;
         if (rc != 0) {
@@ -539,9 +585,8 @@ static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *k
         const int nt = g_threads;
         Py_BEGIN_ALLOW_THREADS;
         cpu_attention_decode(nt, (const float *)a.q.v.buf, (const float *)a.k.v.buf,
-                             (const float *)a.v.v.buf, (float *)a.kc.v.buf, (float *)a.vc.v.buf,
-                             n_slots, n_ctx, layer, slots, pos, B, H, Hkv, Dh, (float)scale,
-                             window, (float)softcap, (float *)a.o.v.buf);
+                             (const float *)a.v.v.buf, &a.kv, layer, slots, pos, B, H, Hkv, Dh,
+                             (float)scale, window, (float)softcap, (float *)a.o.v.buf);
         Py_END_ALLOW_THREADS;
     }
     ret = Py_None;
@@ -875,8 +920,11 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *args) {
     Buf x = {0}, s = {0}, p = {0}, kc = {0}, vc = {0};
     PyObject *ret = NULL;
     if (get(ox, &x, "x", 2, F32, 1) || get(os, &s, "slots", 1, I64, 0) ||
-        get(op, &p, "positions", 1, I64, 0) || get(okc, &kc, "kcache", 5, F32, 1) ||
-        get(ovc, &vc, "vcache", 5, F32, 1))
+        get(op, &p, "positions", 1, I64, 0) || get(okc, &kc, "kcache", 5, ANY, 1) ||
+        get(ovc, &vc, "vcache", 5, ANY, 1))
+        goto done;
+    kv_cache kv;
+    if (kv_of(&kc, &vc, m->Dh, &kv))
         goto done;
     const Py_ssize_t B = dim(&x, 0);
     if (dim(&x, 1) != m->D || dim(&s, 0) != B || dim(&p, 0) != B) {
@@ -886,7 +934,7 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *args) {
         goto done;
     }
     const Py_ssize_t n_slots = dim(&kc, 1), n_ctx = dim(&kc, 3);
-    if (dim(&kc, 0) < m->n_layer || dim(&kc, 2) != m->Hkv || dim(&kc, 4) != m->Dh ||
+    if (dim(&kc, 0) < m->n_layer || dim(&kc, 2) != m->Hkv ||
         !same_shape(&vc, 5, kc.v.shape) || kc.v.buf == vc.v.buf || overlap(&x, &kc) ||
         overlap(&x, &vc)) {
         PyErr_SetString(PyExc_ValueError,
@@ -912,8 +960,7 @@ static PyObject *py_decode_layers(PyObject *self, PyObject *args) {
         const int isa = g_isa, nt = g_threads;
         int rc;
         Py_BEGIN_ALLOW_THREADS;
-        rc = cpu_decode_layers(isa, nt, m, (float *)x.v.buf, B, sl, pos, (float *)kc.v.buf,
-                               (float *)vc.v.buf, n_slots, n_ctx);
+        rc = cpu_decode_layers(isa, nt, m, (float *)x.v.buf, B, sl, pos, &kv);
         Py_END_ALLOW_THREADS;
         if (rc != 0) {
             PyErr_NoMemory();
@@ -1103,6 +1150,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         if (i < g_isa)
             g_isa = i; /* only ever lower: a higher level than the CPU runs would crash */
     }
+    kv_set_isa(g_isa);
     g_threads = usable_cores();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

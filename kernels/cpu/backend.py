@@ -221,12 +221,14 @@ class CpuBackend(NumpyBackend):
     def decode_stack(self, layers, hp, spec):
         """Every layer of a decode step in one C call (kernels/cpu/decode.c), bitwise the
         per-op path above; None where a layer has what that call does not do (partial
-        RoPE, an activation it lacks)."""
+        RoPE, an activation it lacks, mixture-of-experts layers)."""
         if os.environ.get("PANTHEON_CPU_FUSED_DECODE", "1") == "0":
             return None  # the per-op path, for A/B measurements
         if spec.activation not in GLU_ACTIVATIONS or not layers:
             return None
         for layer in layers:
+            if getattr(layer, "moe", None) is not None:  # experts: routed on the host
+                return None
             if layer.rope.cos.shape[1] * 2 != hp.head_dim:
                 return None
             if (layer.attn_q_norm is None) != (layer.attn_k_norm is None):

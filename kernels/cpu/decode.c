@@ -22,8 +22,7 @@ static void matmul(int isa, int nt, const dec_matrix *m, const float *x, int64_t
 }
 
 int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
-                      const int64_t *slots, const int64_t *positions, float *kcache,
-                      float *vcache, int64_t n_slots, int64_t n_ctx) {
+                      const int64_t *slots, const int64_t *positions, const kv_cache *kv) {
     const int64_t D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, F = m->F;
     const int64_t Dq = H * Dh, Dkv = Hkv * Dh, Nqkv = Dq + 2 * Dkv;
     /* One allocation for the step's temporaries. */
@@ -54,8 +53,8 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
         }
         cpu_rope(nt, q, positions, L->cos, L->sin, B, H, Dh, m->neox);
         cpu_rope(nt, k, positions, L->cos, L->sin, B, Hkv, Dh, m->neox);
-        cpu_attention_decode(nt, q, k, v, kcache, vcache, n_slots, n_ctx, li, slots, positions,
-                             B, H, Hkv, Dh, m->scale, L->window, m->softcap, attn);
+        cpu_attention_decode(nt, q, k, v, kv, li, slots, positions, B, H, Hkv, Dh, m->scale,
+                             L->window, m->softcap, attn);
         matmul(isa, nt, &L->out, attn, B, out);
         if (L->post_attention_norm)
             cpu_rms_norm(nt, out, L->post_attention_norm, m->eps, B, D, out);

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv.h"
+
 #define DECODE_MAX_PARTS 4
 
 /* A matrix in GGUF blocks, possibly stacked from parts along its output rows (q/k/v,
@@ -48,11 +50,10 @@ typedef struct {
 } dec_model;
 
 /* x (B, D) in place through every layer; row b at positions[b] of slots[b], its k/v
- * written into kcache/vcache (n_layer, n_slots, Hkv, n_ctx, Dh). Returns 0, or -1 when
- * scratch memory could not be allocated (x is then partly updated). */
+ * written into the cache `kv` (kv.h: rows of its KV type). Returns 0, or -1 when scratch
+ * memory could not be allocated (x is then partly updated). */
 int cpu_decode_layers(int isa, int nthreads, const dec_model *m, float *x, int64_t B,
-                      const int64_t *slots, const int64_t *positions, float *kcache,
-                      float *vcache, int64_t n_slots, int64_t n_ctx);
+                      const int64_t *slots, const int64_t *positions, const kv_cache *kv);
 
 /* out (n, F) = act(gate_up[:, :F]) * gate_up[:, F:], gate_up (n, 2F). */
 void cpu_glu(const float *gate_up, int64_t n, int64_t F, int act, float *out);

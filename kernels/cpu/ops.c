@@ -406,12 +406,88 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     weighted_values(scores, values + lo * Dh, n, Dh, exp_and_sum(scores, n, mx), out);
 }
 
+/* out += sum_t (w[t] * inv) * values[t]: weighted_values' sums continued over a tile of
+ * keys (each output lane still adds its terms in t order). */
+ISA_CLONES static void weighted_more(const float *w, const float *values, int64_t n,
+                                     int64_t Dh, float inv, float *out) {
+    for (int64_t t = 0; t < n; t++) {
+        const float p = w[t] * inv;
+        const float *vr = values + t * Dh;
+        for (int64_t d = 0; d < Dh; d++)
+            out[d] += p * vr[d];
+    }
+}
+
+/* Rows of a narrow cache converted per tile: KV_TILE_FLOATS float32 values at a time. */
+#define KV_TILE_FLOATS 2048
+
+static int64_t kv_tile_rows(int64_t Dh) {
+    const int64_t rows = KV_TILE_FLOATS / Dh;
+    return rows < 1 ? 1 : rows;
+}
+
+/* attend_head over a float16 or Q8_0 cache. With AVX-512 the products read the stored
+ * rows and convert them in registers (kv.c); otherwise the keys (then the values) of
+ * [lo, hi] are converted a tile at a time into `tile` (kv_tile_rows(Dh) rows, L1) and
+ * scored (weighted) from there. row_bytes: one cache row. */
+static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_t *values,
+                               int type, int64_t row_bytes, int64_t lo, int64_t hi,
+                               int64_t Dh, float scale, float softcap, float *scores,
+                               float *qs, float *tile, float *out) {
+    for (int64_t d = 0; d < Dh; d++)
+        qs[d] = q[d] * scale;
+    const int64_t n = hi - lo + 1, rows = kv_tile_rows(Dh);
+#ifdef HAVE_AVX512_ATTENTION
+    const int wide = use_avx512_attention(Dh);
+#else
+    const int wide = 0;
+#endif
+#ifdef HAVE_AVX512_ATTENTION
+    if (wide)
+        kv_scores_avx512(type, qs, keys + lo * row_bytes, n, Dh, scores);
+    else
+#endif
+        for (int64_t t0 = 0; t0 < n; t0 += rows) {
+            const int64_t m = n - t0 < rows ? n - t0 : rows;
+            kv_rows_f32(type, keys + (lo + t0) * row_bytes, m, Dh, tile);
+            scores_of(qs, tile, m, Dh, scores + t0);
+        }
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < n; t++) {
+        if (softcap > 0.f)
+            scores[t] = softcap * tanhf(scores[t] / softcap);
+        if (scores[t] > mx)
+            mx = scores[t];
+    }
+#ifdef HAVE_AVX512_ATTENTION
+    const float sum = wide ? exp_and_sum_avx512(scores, n, mx) : exp_and_sum(scores, n, mx);
+#else
+    const float sum = exp_and_sum(scores, n, mx);
+#endif
+    const float inv = 1.0f / sum;
+#ifdef HAVE_AVX512_ATTENTION
+    if (wide) {
+        kv_weighted_avx512(type, scores, values + lo * row_bytes, n, Dh, inv, out);
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < Dh; d++)
+        out[d] = 0.f;
+    for (int64_t t0 = 0; t0 < n; t0 += rows) {
+        const int64_t m = n - t0 < rows ? n - t0 : rows;
+        kv_rows_f32(type, values + (lo + t0) * row_bytes, m, Dh, tile);
+        weighted_more(scores + t0, tile, m, Dh, inv, out);
+    }
+}
+
 typedef struct {
-    const float *q, *kcache, *vcache;
-    int64_t n_slots, head_stride, layer_base, H, Hkv, Dh, window;
+    const float *q;
+    const uint8_t *kcache, *vcache;
+    int64_t n_slots, head_stride, layer_base, H, Hkv, Dh, window, row_bytes;
     const int64_t *slots, *positions;
     float scale, softcap;
     float *out;
+    int type;
 } attn_job;
 
 static void attn_one(void *ctx, int64_t j) {
@@ -420,37 +496,52 @@ static void attn_one(void *ctx, int64_t j) {
     const int64_t lo = a->window > 0 && p + 1 > a->window ? p + 1 - a->window : 0;
     const int64_t base =
         a->layer_base + (a->slots[b] * a->Hkv + h / (a->H / a->Hkv)) * a->head_stride;
+    const int narrow = a->type != KV_F32;
     float stack[4096];
-    const int64_t need = (p - lo + 1) + a->Dh;
+    const int64_t need =
+        (p - lo + 1) + a->Dh + (narrow ? kv_tile_rows(a->Dh) * a->Dh : 0);
     float *scratch = need <= 4096 ? stack : malloc((size_t)need * sizeof(float));
     if (scratch == NULL)
         return; /* out of memory: leaves this head's output as it was */
-    attend_head(a->q + (b * a->H + h) * a->Dh, a->kcache + base, a->vcache + base, lo, p, a->Dh,
-                a->scale, a->softcap, scratch + a->Dh, scratch, a->out + (b * a->H + h) * a->Dh);
+    const float *q = a->q + (b * a->H + h) * a->Dh;
+    float *out = a->out + (b * a->H + h) * a->Dh;
+    const uint8_t *keys = a->kcache + base * a->row_bytes;
+    const uint8_t *values = a->vcache + base * a->row_bytes;
+    if (narrow)
+        attend_head_narrow(q, keys, values, a->type, a->row_bytes, lo, p, a->Dh, a->scale,
+                           a->softcap, scratch + a->Dh, scratch, scratch + a->Dh + (p - lo + 1),
+                           out);
+    else
+        attend_head(q, (const float *)keys, (const float *)values, lo, p, a->Dh, a->scale,
+                    a->softcap, scratch + a->Dh, scratch, out);
     if (scratch != stack)
         free(scratch);
 }
 
 void cpu_attention_decode(int nthreads, const float *q, const float *k, const float *v,
-                          float *kcache, float *vcache, int64_t n_slots, int64_t n_ctx,
-                          int64_t layer, const int64_t *slots, const int64_t *positions,
-                          int64_t B, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                          int64_t window, float softcap, float *out) {
-    const int64_t head_stride = n_ctx * Dh;
-    const int64_t layer_base = layer * n_slots * Hkv * head_stride;
+                          const kv_cache *kv, int64_t layer, const int64_t *slots,
+                          const int64_t *positions, int64_t B, int64_t H, int64_t Hkv,
+                          int64_t Dh, float scale, int64_t window, float softcap, float *out) {
+    /* Offsets count rows (positions of one head); row_bytes turns them into bytes. */
+    const int64_t head_stride = kv->n_ctx, row_bytes = kv_row_bytes(kv->type, Dh);
+    const int64_t layer_base = layer * kv->n_slots * Hkv * head_stride;
+    uint8_t *kcache = kv->k, *vcache = kv->v;
     int64_t longest = 1;
     for (int64_t b = 0; b < B; b++) {
         const int64_t p = positions[b];
         if (p + 1 > longest)
             longest = p + 1;
         for (int64_t h = 0; h < Hkv; h++) {
-            const int64_t at = layer_base + (slots[b] * Hkv + h) * head_stride + p * Dh;
-            memcpy(kcache + at, k + (b * Hkv + h) * Dh, (size_t)Dh * sizeof(float));
-            memcpy(vcache + at, v + (b * Hkv + h) * Dh, (size_t)Dh * sizeof(float));
+            const int64_t at = (layer_base + (slots[b] * Hkv + h) * head_stride + p) * row_bytes;
+            kv_store_row(kv->type, k + (b * Hkv + h) * Dh, Dh, kcache + at);
+            kv_store_row(kv->type, v + (b * Hkv + h) * Dh, Dh, vcache + at);
         }
     }
-    attn_job job = {q,     kcache,  vcache,    n_slots, head_stride, layer_base, H, Hkv, Dh,
-                    window, slots, positions, scale,   softcap,     out};
+    attn_job job = {.q = q, .kcache = kcache, .vcache = vcache, .n_slots = kv->n_slots,
+                    .head_stride = head_stride, .layer_base = layer_base, .H = H, .Hkv = Hkv,
+                    .Dh = Dh, .window = window, .row_bytes = row_bytes, .slots = slots,
+                    .positions = positions, .scale = scale, .softcap = softcap, .out = out,
+                    .type = kv->type};
     const int nt = (double)B * (double)H * (double)longest * (double)Dh < 32768.0 ? 1 : nthreads;
     pool_run(nt, B * H, attn_one, &job);
 }
@@ -472,11 +563,12 @@ void cpu_attention_decode(int nthreads, const float *q, const float *k, const fl
 #define PF_GROUP 6 /* qvs per pass-3 register tile (x 4 chunks of 16 = 24 zmm) */
 
 typedef struct {
-    const float *q, *kbase, *vbase; /* kbase/vbase: this layer and slot's head 0 */
-    int64_t T, start, H, Hkv, Dh, R, n_blocks, head_stride, window;
+    const float *q;
+    const uint8_t *kbase, *vbase; /* this layer and slot's head 0 */
+    int64_t T, start, H, Hkv, Dh, R, n_blocks, head_stride, window, row_bytes;
     float scale, softcap;
     float *out;
-    int wide, failed;
+    int wide, failed, type;
 } prefill_job;
 
 static inline int64_t pf_lo(int64_t p, int64_t window) {
@@ -525,14 +617,14 @@ __attribute__((target("avx512f,fma"))) static void pf_scores16(const float *qs,
  * j in [j0, j1); masked: only the qvs whose range [lo[i], hi[i]] holds j. */
 __attribute__((target("avx512f,fma"), always_inline)) static inline void
 pf_pv_tile(float *const *w, const int64_t *lo, const int64_t *hi, const float *values,
-           int64_t Dh, int64_t c0, int64_t j0, int64_t j1, int64_t fast0, int64_t fast1,
-           float *acc, const int NC) {
+           int64_t vj0, int64_t Dh, int64_t c0, int64_t j0, int64_t j1, int64_t fast0,
+           int64_t fast1, float *acc, const int NC) {
     __m512 a[PF_GROUP][4];
     for (int i = 0; i < PF_GROUP; i++)
         for (int c = 0; c < NC; c++)
             a[i][c] = _mm512_loadu_ps(acc + i * Dh + c0 + 16 * c);
     for (int64_t j = j0; j < j1; j++) {
-        const float *vr = values + j * Dh + c0;
+        const float *vr = values + (j - vj0) * Dh + c0;
         __m512 v[4];
         for (int c = 0; c < NC; c++)
             v[c] = _mm512_loadu_ps(vr + 16 * c);
@@ -558,32 +650,34 @@ pf_pv_tile(float *const *w, const int64_t *lo, const int64_t *hi, const float *v
 
 __attribute__((target("avx512f,fma"))) static void
 pf_pv_avx512(float *const *w, const int64_t *lo, const int64_t *hi, const float *values,
-             int64_t Dh, int64_t j0, int64_t j1, int64_t fast0, int64_t fast1, float *acc) {
+             int64_t vj0, int64_t Dh, int64_t j0, int64_t j1, int64_t fast0, int64_t fast1,
+             float *acc) {
     for (int64_t c0 = 0; c0 < Dh; c0 += 64) {
         switch ((Dh - c0) >= 64 ? 4 : (int)((Dh - c0) / 16)) {
         case 4:
-            pf_pv_tile(w, lo, hi, values, Dh, c0, j0, j1, fast0, fast1, acc, 4);
+            pf_pv_tile(w, lo, hi, values, vj0, Dh, c0, j0, j1, fast0, fast1, acc, 4);
             break;
         case 3:
-            pf_pv_tile(w, lo, hi, values, Dh, c0, j0, j1, fast0, fast1, acc, 3);
+            pf_pv_tile(w, lo, hi, values, vj0, Dh, c0, j0, j1, fast0, fast1, acc, 3);
             break;
         case 2:
-            pf_pv_tile(w, lo, hi, values, Dh, c0, j0, j1, fast0, fast1, acc, 2);
+            pf_pv_tile(w, lo, hi, values, vj0, Dh, c0, j0, j1, fast0, fast1, acc, 2);
             break;
         default:
-            pf_pv_tile(w, lo, hi, values, Dh, c0, j0, j1, fast0, fast1, acc, 1);
+            pf_pv_tile(w, lo, hi, values, vj0, Dh, c0, j0, j1, fast0, fast1, acc, 1);
         }
     }
 }
 #endif
 
-/* Portable pass 1: every (qv, key) score of the job, key-major (a key row read once). */
-ISA_CLONES static void pf_scores_plain(const float *qs, const float *keys, int64_t nq,
-                                       const int64_t *lo, const int64_t *hi, int64_t klo,
-                                       int64_t khi, int64_t Dh, float *scores, int64_t stride,
-                                       int64_t kb0) {
+/* Portable pass 1: every (qv, key) score of the job, key-major (a key row read once);
+ * keys[0] is key key0. */
+ISA_CLONES static void pf_scores_plain(const float *qs, const float *keys, int64_t key0,
+                                       int64_t nq, const int64_t *lo, const int64_t *hi,
+                                       int64_t klo, int64_t khi, int64_t Dh, float *scores,
+                                       int64_t stride, int64_t kb0) {
     for (int64_t j = klo; j <= khi; j++) {
-        const float *kr = keys + j * Dh;
+        const float *kr = keys + (j - key0) * Dh;
         for (int64_t i = 0; i < nq; i++) {
             if (j < lo[i] || j > hi[i])
                 continue;
@@ -604,12 +698,13 @@ ISA_CLONES static void pf_scores_plain(const float *qs, const float *keys, int64
     }
 }
 
-/* Portable pass 3: acc[i] += w[i][j] * values[j], key-major (a value row read once). */
+/* Portable pass 3: acc[i] += w[i][j] * values[j], key-major (a value row read once);
+ * values[0] is key key0. */
 ISA_CLONES static void pf_pv_plain(float *const *w, const int64_t *lo, const int64_t *hi,
-                                   int64_t nq, const float *values, int64_t klo, int64_t khi,
-                                   int64_t Dh, float *acc) {
+                                   int64_t nq, const float *values, int64_t key0, int64_t klo,
+                                   int64_t khi, int64_t Dh, float *acc) {
     for (int64_t j = klo; j <= khi; j++) {
-        const float *vr = values + j * Dh;
+        const float *vr = values + (j - key0) * Dh;
         for (int64_t i = 0; i < nq; i++) {
             if (j < lo[i] || j > hi[i])
                 continue;
@@ -631,9 +726,16 @@ static void prefill_one(void *ctx, int64_t jx) {
     const int64_t klo = pf_lo(a->start + t0, a->window), khi = a->start + t1 - 1;
     const int64_t kb0 = klo & ~(int64_t)(PF_KEYS - 1);
     const int64_t stride = (khi - kb0 + PF_KEYS) & ~(int64_t)(PF_KEYS - 1);
-    const float *keys = a->kbase + g * a->head_stride, *values = a->vbase + g * a->head_stride;
+    /* A narrow cache (float16, Q8_0) is read a tile at a time into float32: 16 keys into
+     * `pad` (pass 1), a block of kblock values into `vtile` (pass 3). */
+    const int narrow = a->type != KV_F32;
+    const uint8_t *krows = a->kbase + g * a->head_stride * a->row_bytes;
+    const uint8_t *vrows = a->vbase + g * a->head_stride * a->row_bytes;
+    const float *keys = (const float *)krows, *values = (const float *)vrows;
+    const int64_t kblock = Dh <= 64 ? 64 : 4096 / Dh > 16 ? 4096 / Dh : 16;
 
-    const size_t n_floats = (size_t)(nq_pad * Dh * 2 + nq_pad * stride + PF_KEYS * Dh);
+    const size_t n_floats = (size_t)(nq_pad * Dh * 2 + nq_pad * stride + PF_KEYS * Dh +
+                                     (narrow ? kblock * Dh : 0));
     char *mem = malloc(n_floats * sizeof(float) + (size_t)nq_pad * (2 * sizeof(int64_t) +
                                                                     sizeof(float *) +
                                                                     sizeof(float)));
@@ -642,8 +744,8 @@ static void prefill_one(void *ctx, int64_t jx) {
         return;
     }
     float *qs = (float *)mem, *acc = qs + nq_pad * Dh, *scores = acc + nq_pad * Dh;
-    float *pad = scores + nq_pad * stride;
-    int64_t *lo = (int64_t *)(pad + PF_KEYS * Dh), *hi = lo + nq_pad;
+    float *pad = scores + nq_pad * stride, *vtile = pad + PF_KEYS * Dh;
+    int64_t *lo = (int64_t *)(vtile + (narrow ? kblock * Dh : 0)), *hi = lo + nq_pad;
     float **w = (float **)(hi + nq_pad);
     float *inv = (float *)(w + nq_pad);
 
@@ -671,7 +773,12 @@ static void prefill_one(void *ctx, int64_t jx) {
     if (a->wide) {
         for (int64_t kb = kb0; kb <= khi; kb += PF_KEYS) {
             const float *tile = keys + kb * Dh;
-            if (kb + PF_KEYS - 1 > khi) { /* the last, partial tile: zero-padded copy */
+            if (narrow) {
+                const int64_t m = khi - kb + 1 < PF_KEYS ? khi - kb + 1 : PF_KEYS;
+                kv_rows_f32(a->type, krows + kb * a->row_bytes, m, Dh, pad);
+                memset(pad + m * Dh, 0, (size_t)((PF_KEYS - m) * Dh) * sizeof(float));
+                tile = pad;
+            } else if (kb + PF_KEYS - 1 > khi) { /* the last, partial tile: zero-padded copy */
                 memset(pad, 0, (size_t)(PF_KEYS * Dh) * sizeof(float));
                 memcpy(pad, tile, (size_t)((khi - kb + 1) * Dh) * sizeof(float));
                 tile = pad;
@@ -682,7 +789,15 @@ static void prefill_one(void *ctx, int64_t jx) {
         }
     } else
 #endif
-        pf_scores_plain(qs, keys, nq, lo, hi, klo, khi, Dh, scores, stride, kb0);
+    if (narrow) { /* 16 keys at a time converted into `pad` */
+        for (int64_t j0 = klo; j0 <= khi; j0 += PF_KEYS) {
+            const int64_t j1 = j0 + PF_KEYS - 1 < khi ? j0 + PF_KEYS - 1 : khi;
+            kv_rows_f32(a->type, krows + j0 * a->row_bytes, j1 - j0 + 1, Dh, pad);
+            pf_scores_plain(qs, pad, j0, nq, lo, hi, j0, j1, Dh, scores, stride, kb0);
+        }
+    } else {
+        pf_scores_plain(qs, keys, 0, nq, lo, hi, klo, khi, Dh, scores, stride, kb0);
+    }
 
     /* Pass 2: each row's softmax weights (unnormalised; 1 / sum kept for the end). */
     for (int64_t i = 0; i < nq; i++) {
@@ -707,9 +822,15 @@ static void prefill_one(void *ctx, int64_t jx) {
     /* Pass 3: weighted values. */
 #ifdef HAVE_AVX512_ATTENTION
     if (a->wide) {
-        const int64_t kblock = Dh <= 64 ? 64 : 4096 / Dh > 16 ? 4096 / Dh : 16;
         for (int64_t jb = klo; jb <= khi; jb += kblock) {
             const int64_t je = jb + kblock <= khi + 1 ? jb + kblock : khi + 1;
+            const float *vals = values;
+            int64_t vj0 = 0;
+            if (narrow) {
+                kv_rows_f32(a->type, vrows + jb * a->row_bytes, je - jb, Dh, vtile);
+                vals = vtile;
+                vj0 = jb;
+            }
             for (int64_t i0 = 0; i0 < nq; i0 += PF_GROUP) {
                 int64_t fast0 = jb, fast1 = je, any0 = je, any1 = jb;
                 for (int64_t i = i0; i < i0 + PF_GROUP && i < nq; i++) {
@@ -722,13 +843,21 @@ static void prefill_one(void *ctx, int64_t jx) {
                 any1 = any1 < je ? any1 : je;
                 if (any0 >= any1)
                     continue; /* no qv of the group sees this block */
-                pf_pv_avx512(w + i0, lo + i0, hi + i0, values, Dh, any0, any1, fast0, fast1,
+                pf_pv_avx512(w + i0, lo + i0, hi + i0, vals, vj0, Dh, any0, any1, fast0, fast1,
                              acc + i0 * Dh);
             }
         }
     } else
 #endif
-        pf_pv_plain(w, lo, hi, nq, values, klo, khi, Dh, acc);
+    if (narrow) { /* a block of values at a time converted into `vtile` */
+        for (int64_t jb = klo; jb <= khi; jb += kblock) {
+            const int64_t je = jb + kblock - 1 < khi ? jb + kblock - 1 : khi;
+            kv_rows_f32(a->type, vrows + jb * a->row_bytes, je - jb + 1, Dh, vtile);
+            pf_pv_plain(w, lo, hi, nq, vtile, jb, jb, je, Dh, acc);
+        }
+    } else {
+        pf_pv_plain(w, lo, hi, nq, values, 0, klo, khi, Dh, acc);
+    }
 
     for (int64_t i = 0; i < nq; i++) {
         const int64_t t = t0 + i / G, h = g * G + i % G;
@@ -740,19 +869,20 @@ static void prefill_one(void *ctx, int64_t jx) {
 }
 
 int cpu_attention_prefill(int nthreads, const float *q, const float *k, const float *v,
-                          float *kcache, float *vcache, int64_t n_slots, int64_t n_ctx,
-                          int64_t layer, int64_t slot, int64_t start, int64_t T, int64_t H,
-                          int64_t Hkv, int64_t Dh, float scale, int64_t window, float softcap,
-                          float *out) {
+                          const kv_cache *kv, int64_t layer, int64_t slot, int64_t start,
+                          int64_t T, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                          int64_t window, float softcap, float *out) {
     if (T <= 0)
         return 0;
-    const int64_t head_stride = n_ctx * Dh;
-    const int64_t base = (layer * n_slots + slot) * Hkv * head_stride;
+    /* Offsets count rows (positions of one head); row_bytes turns them into bytes. */
+    const int64_t head_stride = kv->n_ctx, row_bytes = kv_row_bytes(kv->type, Dh);
+    const int64_t base = (layer * kv->n_slots + slot) * Hkv * head_stride;
+    uint8_t *kcache = kv->k, *vcache = kv->v;
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < Hkv; h++) {
-            const int64_t at = base + h * head_stride + (start + t) * Dh;
-            memcpy(kcache + at, k + (t * Hkv + h) * Dh, (size_t)Dh * sizeof(float));
-            memcpy(vcache + at, v + (t * Hkv + h) * Dh, (size_t)Dh * sizeof(float));
+            const int64_t at = (base + h * head_stride + start + t) * row_bytes;
+            kv_store_row(kv->type, k + (t * Hkv + h) * Dh, Dh, kcache + at);
+            kv_store_row(kv->type, v + (t * Hkv + h) * Dh, Dh, vcache + at);
         }
     if (H <= 0 || Dh <= 0)
         return 0; /* nothing to attend */
@@ -769,7 +899,9 @@ int cpu_attention_prefill(int nthreads, const float *q, const float *k, const fl
 #else
     const int wide = 0;
 #endif
-    prefill_job job = {.q = q, .kbase = kcache + base, .vbase = vcache + base, .T = T,
+    prefill_job job = {.q = q, .kbase = kcache + base * row_bytes,
+                       .vbase = vcache + base * row_bytes, .row_bytes = row_bytes,
+                       .type = kv->type, .T = T,
                        .start = start, .H = H, .Hkv = Hkv, .Dh = Dh, .R = R,
                        .n_blocks = n_blocks, .head_stride = head_stride, .window = window,
                        .scale = scale, .softcap = softcap, .out = out, .wide = wide,

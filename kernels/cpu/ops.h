@@ -6,13 +6,14 @@
 
 #include <stdint.h>
 
-/* kcache/vcache: (n_layer, n_slots, Hkv, n_ctx, Dh); q (B, H, Dh); k, v (B, Hkv, Dh);
- * out (B, H * Dh). Writes row b's k/v at its slot and position, then attends. */
+#include "kv.h"
+
+/* kv: the cache (kv.h), rows of any KV type; q (B, H, Dh); k, v (B, Hkv, Dh); out
+ * (B, H * Dh). Writes row b's k/v at its slot and position, then attends. */
 void cpu_attention_decode(int nthreads, const float *q, const float *k, const float *v,
-                          float *kcache, float *vcache, int64_t n_slots, int64_t n_ctx,
-                          int64_t layer, const int64_t *slots, const int64_t *positions,
-                          int64_t B, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                          int64_t window, float softcap, float *out);
+                          const kv_cache *kv, int64_t layer, const int64_t *slots,
+                          const int64_t *positions, int64_t B, int64_t H, int64_t Hkv,
+                          int64_t Dh, float scale, int64_t window, float softcap, float *out);
 
 /* One sequence's prompt chunk: q (T, H, Dh), k/v (T, Hkv, Dh) at positions start ..
  * start + T - 1 of `slot`, written into the caches first; row t attends causally over
@@ -20,10 +21,9 @@ void cpu_attention_decode(int nthreads, const float *q, const float *k, const fl
  * one job per (KV head, block of rows) reads each key and value once. Returns 0, or -1
  * when a job's scratch could not be allocated (the output is then incomplete). */
 int cpu_attention_prefill(int nthreads, const float *q, const float *k, const float *v,
-                          float *kcache, float *vcache, int64_t n_slots, int64_t n_ctx,
-                          int64_t layer, int64_t slot, int64_t start, int64_t T, int64_t H,
-                          int64_t Hkv, int64_t Dh, float scale, int64_t window, float softcap,
-                          float *out);
+                          const kv_cache *kv, int64_t layer, int64_t slot, int64_t start,
+                          int64_t T, int64_t H, int64_t Hkv, int64_t Dh, float scale,
+                          int64_t window, float softcap, float *out);
 
 void cpu_rms_norm(int nthreads, const float *x, const float *w, float eps, int64_t n, int64_t D,
                   float *out);

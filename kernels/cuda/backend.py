@@ -49,6 +49,9 @@ class CudaBackend(XpBackend):
     # A decode step reads positions, slots and token ids only on the device (the launchers
     # take device arrays), so it can be captured into a CUDA graph (kernels/cuda/graphs.py).
     captures_graphs = True
+    # attention.cu reads float32 rows only: a float16 or Q8_0 cache is refused at load
+    # (DecoderModel.use_kv_dtype) until its kernels read them.
+    kv_dtypes = ("f32",)
 
     def __init__(self, die: int = 0):
         cupy = _import_cupy(die)
@@ -70,11 +73,15 @@ class CudaBackend(XpBackend):
         with self._device:
             return super().vector(array)
 
-    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
+    def rope_table(self, n_pos, dim, base, factors=None, attn_factor=1.0) -> RopeTable:
         with self._device:
-            return super().rope_table(n_pos, dim, base)
+            return super().rope_table(n_pos, dim, base, factors, attn_factor)
 
-    def make_kv_cache(self, n_layer, n_slots, n_kv_head, n_ctx, head_dim) -> XpKVCache:
+    def make_kv_cache(
+        self, n_layer, n_slots, n_kv_head, n_ctx, head_dim, kv_dtype="f32"
+    ) -> XpKVCache:
+        if kv_dtype not in self.kv_dtypes:
+            raise ValueError(f"kv_dtype {kv_dtype}: the cuda backend's attention reads f32 only")
         with self._device:
             return super().make_kv_cache(n_layer, n_slots, n_kv_head, n_ctx, head_dim)
 

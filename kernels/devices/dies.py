@@ -222,6 +222,10 @@ class SplitKV:
             start = stop
 
     @property
+    def kv_dtype(self) -> str:
+        return self.parts[0][1].kv_dtype
+
+    @property
     def layout(self) -> tuple[int, int, int]:
         _, n_kv_head, head_dim = self.parts[0][1].layout
         return sum(kv.layout[0] for _, kv in self.parts), n_kv_head, head_dim

@@ -37,11 +37,20 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / xp.sqrt(ms + eps)) * weight
 
 
-def rope_tables(n_pos: int, rot_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables, (n_pos, rot_dim // 2), computed in float64 then stored float32."""
+def rope_tables(
+    n_pos: int, rot_dim: int, base: float, factors=None, attn_factor: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables, (n_pos, rot_dim // 2), computed in float64 then stored float32.
+    `factors` (rot_dim // 2,) divide the frequencies and `attn_factor` scales cos and sin
+    (LongRoPE, as llama.cpp's rope with freq factors and transformers' longrope do)."""
     inv_freq = base ** (-np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    if factors is not None:
+        inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = np.outer(np.arange(n_pos, dtype=np.float64), inv_freq)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = np.cos(angles), np.sin(angles)
+    if attn_factor != 1.0:
+        cos, sin = cos * attn_factor, sin * attn_factor
+    return cos.astype(np.float32), sin.astype(np.float32)
 
 
 def apply_rope_interleaved(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -237,8 +246,8 @@ class NumpyBackend(Backend):
     def rms_norm(self, x, weight, eps):
         return rms_norm(x, weight, eps)
 
-    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
-        cos, sin = rope_tables(n_pos, dim, base)
+    def rope_table(self, n_pos, dim, base, factors=None, attn_factor=1.0) -> RopeTable:
+        cos, sin = rope_tables(n_pos, dim, base, factors, attn_factor)
         return RopeTable(self._float(cos), self._float(sin))
 
     def rope(self, x, positions, table: RopeTable, neox: bool):
@@ -253,8 +262,10 @@ class NumpyBackend(Backend):
 
     # ---- attention ----
 
-    def make_kv_cache(self, n_layer, n_slots, n_kv_head, n_ctx, head_dim) -> KVCache:
-        return KVCache(n_layer, n_slots, n_kv_head, n_ctx, head_dim, dtype=self.dtype)
+    def make_kv_cache(
+        self, n_layer, n_slots, n_kv_head, n_ctx, head_dim, kv_dtype="f32"
+    ) -> KVCache:
+        return KVCache(n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype, kv_dtype)
 
     def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
         end = start + q.shape[0]

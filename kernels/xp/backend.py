@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kernels import kv_types
 from kernels.backend import BLOCKS, DENSE
 from kernels.reference.backend import (
     NumpyBackend,
@@ -39,18 +40,34 @@ def to_numpy(xp, a) -> np.ndarray:
 
 
 class XpKVCache:
-    """Per-slot keys and values (n_layer, n_slots, Hkv, n_ctx, Dh) in xp's memory, with
-    kernels.kv_cache.KVCache's interface. Device memory is allocated whole at creation
-    (no lazily committed pages, so `release` frees nothing: the memory ladder counts it
-    all from the start)."""
+    """Per-slot keys and values (n_layer, n_slots, Hkv, n_ctx, row) in xp's memory, stored
+    as `kv_dtype` (kernels/kv_types.py), with kernels.kv_cache.KVCache's interface. Device
+    memory is allocated whole at creation (no lazily committed pages, so `release` frees
+    nothing: the memory ladder counts it all from the start)."""
 
-    def __init__(self, xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, dtype=np.float32, spare=0):
+    def __init__(
+        self,
+        xp,
+        n_layer,
+        n_slots,
+        n_kv_head,
+        n_ctx,
+        head_dim,
+        dtype=np.float32,
+        spare=0,
+        kv_dtype=kv_types.DEFAULT_KV_DTYPE,
+    ):
         # `spare` slots beyond n_slots are no sequence's: a captured decode step's padding
         # rows write there (scratch_slot), so they change nothing anyone reads.
-        shape = (n_layer, n_slots + spare, n_kv_head, n_ctx, head_dim)
+        self.kv_dtype = kv_types.check_kv_dtype(kv_dtype)
+        problem = kv_types.fits(kv_dtype, head_dim)
+        if problem:
+            raise ValueError(problem)
+        self.head_dim = head_dim
+        self.dtype, row = kv_types.storage(kv_dtype, head_dim, dtype)
+        shape = (n_layer, n_slots + spare, n_kv_head, n_ctx, row)
         self.scratch_slot = n_slots if spare else None
         self.xp = xp
-        self.dtype = np.dtype(dtype)
         self.k = xp.zeros(shape, dtype=self.dtype)
         self.v = xp.zeros(shape, dtype=self.dtype)
         self.n_ctx = n_ctx
@@ -59,41 +76,45 @@ class XpKVCache:
     def write(self, layer, slot, start, k, v) -> None:
         """k, v: (Hkv, T, Dh) for positions start .. start + T."""
         T = k.shape[1]
-        self.k[layer, slot, :, start : start + T] = k
-        self.v[layer, slot, :, start : start + T] = v
+        self.k[layer, slot, :, start : start + T] = kv_types.encode(self.xp, k, self.kv_dtype)
+        self.v[layer, slot, :, start : start + T] = kv_types.encode(self.xp, v, self.kv_dtype)
 
     def note_written(self, slots, ends) -> None:
         """Nothing to track: `release` has no pages to hand back."""
 
     def view(self, layer, slot, end):
-        return self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+        """float32 keys and values (Hkv, end, Dh) of one slot and layer (decoded for the
+        narrow types)."""
+        k, v = self.k[layer, slot, :, :end], self.v[layer, slot, :, :end]
+        xp, kv_dtype = self.xp, self.kv_dtype
+        return kv_types.decode(xp, k, kv_dtype), kv_types.decode(xp, v, kv_dtype)
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         self.k[:, dst, :, :n] = self.k[:, src, :, :n]
         self.v[:, dst, :, :n] = self.v[:, src, :, :n]
 
     def load(self, slot: int, k: np.ndarray, v: np.ndarray, n: int) -> None:
-        """Parked KV from the host (n_layer, Hkv, >= n, Dh) into `slot`'s positions 0 .. n."""
+        """Parked KV from the host (n_layer, Hkv, >= n, row) into `slot`'s positions 0 .. n."""
         self.k[:, slot, :, :n] = self.xp.asarray(k[:, :, :n])
         self.v[:, slot, :, :n] = self.xp.asarray(v[:, :, :n])
 
     def save(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host copies of `slot`'s positions 0 .. n: (n_layer, Hkv, n, Dh) each."""
+        """Host copies of `slot`'s positions 0 .. n as stored: (n_layer, Hkv, n, row) each."""
         k = self.xp.ascontiguousarray(self.k[:, slot, :, :n])
         v = self.xp.ascontiguousarray(self.v[:, slot, :, :n])
         return np.array(to_numpy(self.xp, k)), np.array(to_numpy(self.xp, v))
 
     @property
     def layout(self) -> tuple[int, int, int]:
-        n_layer, _, n_kv_head, _, head_dim = self.k.shape
-        return n_layer, n_kv_head, head_dim
+        n_layer, _, n_kv_head, _, _ = self.k.shape
+        return n_layer, n_kv_head, self.head_dim
 
     def release(self, slot: int, keep: int = 0) -> int:
         return 0
 
     def bytes_per_token(self) -> int:
-        n_layer, _, n_kv_head, _, head_dim = self.k.shape
-        return 2 * n_layer * n_kv_head * head_dim * self.dtype.itemsize
+        n_layer, _, n_kv_head, _, row = self.k.shape
+        return 2 * n_layer * n_kv_head * row * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
@@ -177,8 +198,8 @@ class XpBackend(NumpyBackend):
         parts = [x @ self._values(part).T for _, part in self._parts(w)]
         return parts[0] if len(parts) == 1 else self.xp.concatenate(parts, axis=1)
 
-    def rope_table(self, n_pos: int, dim: int, base: float) -> RopeTable:
-        cos, sin = rope_tables(n_pos, dim, base)
+    def rope_table(self, n_pos, dim, base, factors=None, attn_factor=1.0) -> RopeTable:
+        cos, sin = rope_tables(n_pos, dim, base, factors, attn_factor)
         return RopeTable(self.xp.asarray(cos), self.xp.asarray(sin))
 
     def rope(self, x, positions, table: RopeTable, neox: bool):
@@ -188,9 +209,12 @@ class XpBackend(NumpyBackend):
 
     # ---- the device KV cache (attention: the reference's, on these arrays) ----
 
-    def make_kv_cache(self, n_layer, n_slots, n_kv_head, n_ctx, head_dim) -> XpKVCache:
+    def make_kv_cache(
+        self, n_layer, n_slots, n_kv_head, n_ctx, head_dim, kv_dtype="f32"
+    ) -> XpKVCache:
         spare = 1 if self.captures_graphs else 0
-        return XpKVCache(self.xp, n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype, spare)
+        shape = (n_layer, n_slots, n_kv_head, n_ctx, head_dim)
+        return XpKVCache(self.xp, *shape, self.dtype, spare, kv_dtype)
 
     def to_host(self, x) -> np.ndarray:
         return to_numpy(self.xp, x)

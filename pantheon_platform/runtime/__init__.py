@@ -26,6 +26,7 @@ from pantheon_platform import live_settings
 from pantheon_platform.runtime.build import build_id
 from pantheon_platform.runtime.devices import (
     GRAPH_SUMMARY_KEYS,
+    KV_DTYPES,
     MAX_DIES,
     DeviceFacts,
     backend_name,
@@ -75,6 +76,7 @@ __all__ = [
     "LOADING",
     "MAX_ALIAS_DEPTH",
     "MAX_CHAT_TEMPLATE_BYTES",
+    "KV_DTYPES",
     "MAX_DIES",
     "POOLINGS",
     "UNLOADING",

@@ -99,13 +99,15 @@ def lru_victims(live: list[Instance], limit: int) -> list[str]:
 def admit(spec: LoadSpec, info: ModelFileInfo, leaving: list[ModelService]) -> None:
     """InsufficientMemory unless the estimate for `spec` fits, counting the memory the
     `leaving` services (the models evicted for it) free."""
+    devices.check_kv_dtype(spec.config.kv_dtype, info.head_dim)
     placed = devices.placement(spec)
     if placed:
         _admit_on_dies(spec, info, placed, leaving)
         return
     config = spec.config
     kernel = devices.weights_kernel(spec)
-    need = info.estimate_bytes(config.ctx_cap, config.max_sessions, kernel)
+    row = devices.kv_row_bytes(config.kv_dtype, info.head_dim)
+    need = info.estimate_bytes(config.ctx_cap, config.max_sessions, kernel, row)
     if config.draft_model:  # loaded beside it, with a KV slot per served slot
         need += file_info(config.draft_model).estimate_bytes(
             config.ctx_cap, config.max_sessions, kernel
@@ -116,7 +118,8 @@ def admit(spec: LoadSpec, info: ModelFileInfo, leaving: list[ModelService]) -> N
     if need > free:
         raise InsufficientMemory(
             f"not enough memory to load {spec.name!r}: it needs about {need} bytes "
-            f"({_gib(need)}: {kernel} weights plus float32 KV for {config.max_sessions} sessions of "
+            f"({_gib(need)}: {kernel} weights plus {config.kv_dtype} KV for "
+            f"{config.max_sessions} sessions of "
             f"{info.context(config.ctx_cap)} tokens) but {max(free, 0)} bytes "
             f"({_gib(max(free, 0))}) are free after the {reserve}-byte reserve; "
             f"lower ctx_cap or max_sessions, or unload a model"
@@ -129,7 +132,8 @@ def _admit_on_dies(spec: LoadSpec, info: ModelFileInfo, dies: list, leaving) -> 
     PN_DIE_RESERVE_BYTES) beside what our allocations already hold there."""
     config = spec.config
     slots = config.max_concurrent or config.max_sessions
-    need = info.estimate_bytes(config.ctx_cap, slots, "cpu")
+    row = devices.kv_row_bytes(config.kv_dtype, info.head_dim)
+    need = info.estimate_bytes(config.ctx_cap, slots, "cpu", row)
     share = -(-need // len(dies))
     for die in dies:
         freed = sum(svc.memory_bytes // len(svc.dies) for svc in leaving if die.ordinal in svc.dies)
@@ -138,7 +142,7 @@ def _admit_on_dies(spec: LoadSpec, info: ModelFileInfo, dies: list, leaving) -> 
             raise InsufficientMemory(
                 f"not enough memory on die {die.ordinal} to load {spec.name!r}: its share "
                 f"of the layers needs about {share} bytes ({_gib(share)}: the file's blocks "
-                f"plus float32 KV for {slots} slots of "
+                f"plus {config.kv_dtype} KV for {slots} slots of "
                 f"{info.context(config.ctx_cap)} tokens, split across {len(dies)} dies) but "
                 f"{max(free, 0)} bytes ({_gib(max(free, 0))}) of the die's "
                 f"{die.budget}-byte budget are free; lower ctx_cap or max_sessions, name "

@@ -1,5 +1,6 @@
-"""The runtime's questions to the kernels, in one place: whether a load's `dies` and
-`quantize` suit this host, where its layers go, what its weights compute with; and the
+"""The runtime's questions to the kernels, in one place: whether a load's `dies`,
+`quantize` and `kv_dtype` suit this host, where its layers go, what its weights compute
+with and what a position of its KV cache costs; and the
 device facts the views and the console report (GET /, /v1/models, /admin/dies, the
 `pantheon --backend` command), so that none of them imports kernels."""
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import kernels
 import kernels.devices.dies
+from kernels import kv_types
 from kernels.devices.graphs import SUMMARY_KEYS
 from pantheon_platform.runtime.django_settings import setting
 from pantheon_platform.runtime.errors import InvalidOption
@@ -17,6 +19,8 @@ from pantheon_platform.runtime.load_spec import LoadSpec
 MAX_DIES = 8  # the contract's PN_MODEL_MAX_DIES
 # The CUDA-graph counters /v1/models shows of a model's `graphs` (GET /admin/models: all).
 GRAPH_SUMMARY_KEYS = SUMMARY_KEYS
+# The KV cache's types (the `kv_dtype` load option): f32 (exact, the default), f16, q8_0.
+KV_DTYPES = kv_types.KV_DTYPES
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,16 @@ def dies_listing() -> dict:
 
 
 def check_devices(spec: LoadSpec) -> None:
-    """InvalidOption when `dies` or `quantize` cannot be honoured on this host."""
+    """InvalidOption when `dies`, `quantize` or `kv_dtype` cannot be honoured on this
+    host."""
     config = spec.config
+    if config.kv_dtype not in KV_DTYPES:
+        raise InvalidOption(f"kv_dtype: expected one of {', '.join(KV_DTYPES)}")
+    if config.kv_dtype != kv_types.DEFAULT_KV_DTYPE and placement(spec):
+        raise InvalidOption(
+            f"kv_dtype {config.kv_dtype}: a model on dies keeps its KV cache as f32 (the "
+            "cuda backend's attention reads float32 rows only); omit `kv_dtype` or `dies`"
+        )
     if len(config.dies) > MAX_DIES:
         raise InvalidOption(f"at most {MAX_DIES} dies per model; got {len(config.dies)}")
     if config.dies:
@@ -87,6 +99,18 @@ def placement(spec: LoadSpec) -> list:
         return kernels.devices.dies.placement(spec.config.dies, spec.engine_config().backend)
     except ValueError:
         return []  # refused by check_devices or, clearly, by the load itself
+
+
+def check_kv_dtype(kv_dtype: str, head_dim: int) -> None:
+    """InvalidOption when a model's heads of `head_dim` cannot be stored as `kv_dtype`."""
+    problem = kv_types.fits(kv_dtype, head_dim)
+    if problem:
+        raise InvalidOption(f"{problem}; use f16 or f32")
+
+
+def kv_row_bytes(kv_dtype: str, head_dim: int) -> int:
+    """Bytes of one position of one KV head stored as `kv_dtype` (the memory estimate)."""
+    return kv_types.row_bytes(kv_dtype, head_dim)
 
 
 def weights_kernel(spec: LoadSpec) -> str:

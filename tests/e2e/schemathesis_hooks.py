@@ -23,6 +23,8 @@ MAX_TOKENS_FIELD = {
     "/v1/responses": "max_output_tokens",
     "/v1/messages": "max_tokens",
     "/v1/completions": "max_tokens",
+    "/completion": "n_predict",  # llama-server's (absent or -1: up to the clamp)
+    "/infill": "n_predict",
 }
 
 

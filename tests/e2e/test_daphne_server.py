@@ -215,10 +215,10 @@ def test_wrong_method_is_405(server):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_prompt_over_the_window_is_422(server, stream):
+def test_prompt_over_the_window_is_400(server, stream):
     giant = [{"role": "user", "content": "hello " * 9000}]
     response = chat(server, {"messages": giant, "stream": stream})
-    assert response.status_code == 422
+    assert response.status_code == 400
     error = response.json()["error"]
     assert error["type"] == "context_over_budget"
     assert "kv_cap=8192" in error["message"]

@@ -43,3 +43,43 @@ def test_early_refusals_speak_each_routes_format(tmp_path):
             assert forbidden.status_code == 403, forbidden.text
             assert set(forbidden.json()) == {"error"}
             assert "Origin" in forbidden.json()["error"]
+
+
+def test_the_client_libraries_read_the_refusals(tmp_path):
+    """Through the unmodified clients (issue 35 item 5): the ollama client's ResponseError
+    carries a string (not a dict) for a wrong key and no key (on a POST and on GET
+    /api/tags) and for a browser Origin on a POST; the anthropic SDK raises its AuthenticationError and
+    PermissionDeniedError with Anthropic's error types."""
+    anthropic = pytest.importorskip("anthropic")
+    ollama = pytest.importorskip("ollama")
+    with running_server(tmp_path, {}, PANTHEON_API_KEY=KEY) as srv:
+        evil = {"Authorization": f"Bearer {KEY}", "Origin": "http://evil.example"}
+        refusals = {
+            401: [{"Authorization": "Bearer not-the-key"}, {}],
+            403: [evil],
+        }
+        for status, header_sets in refusals.items():
+            for headers in header_sets:
+                client = ollama.Client(host=srv.url, headers=headers)
+                chat = lambda: client.chat(model="m", messages=[{"role": "user", "content": "hi"}])  # noqa: E731,B023
+                # A foreign Origin may read (GET): only state-changing requests are refused.
+                for ask in (chat, client.list) if status == 401 else (chat,):
+                    with pytest.raises(ollama.ResponseError) as refused:
+                        ask()
+                    assert refused.value.status_code == status
+                    assert isinstance(refused.value.error, str) and refused.value.error
+
+        hello = dict(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+        wrong = anthropic.Anthropic(base_url=srv.url, api_key="not-the-key", max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            wrong.messages.create(**hello)
+        assert refused.value.body["error"]["type"] == "authentication_error"
+        browser = anthropic.Anthropic(
+            base_url=srv.url,
+            api_key=KEY,
+            max_retries=0,
+            default_headers={"Origin": "http://evil.example"},
+        )
+        with pytest.raises(anthropic.PermissionDeniedError) as refused:
+            browser.messages.create(**hello)
+        assert refused.value.body["error"]["type"] == "permission_error"

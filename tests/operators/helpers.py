@@ -33,6 +33,7 @@ class FakeService:
         self.kernel, self.kernel_isa, self.kernel_fallback = "numpy", None, {}
         self.kernel_activations = None
         self.pooling = "mean"
+        self.kv_dtype, self.kv_bytes_per_token = "f32", 0
         self.max_sessions = 4
         self.max_concurrent = 1
         self.max_concurrent_configured = 4

@@ -22,6 +22,7 @@ from pantheon_platform.openapi import (
 from pantheon_platform.strict_json import IDENTIFIER_MAX
 from wire.anthropic.render import STOP_REASONS
 from wire.anthropic.request import COUNT, REQUEST
+from wire.openai_chat.openapi import TOOL_CALL_ERROR
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
@@ -32,7 +33,9 @@ def schemas() -> dict:
     answers are typed here."""
     request = REQUEST.schema(
         additionalProperties=True,
-        description="Anthropic's Messages request. Other fields are ignored.",
+        description="Anthropic's Messages request. Other fields are ignored, but for "
+        "`thread` (message threads), refused with 400 and `error.details.error_code` "
+        "`thread_unsupported_request`: send the whole conversation.",
     )
     count = COUNT.schema(additionalProperties=True)
     content_block = {
@@ -78,6 +81,7 @@ def schemas() -> dict:
                 "stop_reason": {"enum": [*stop_reasons, None]},
                 "stop_sequence": nullable(STRING),
                 "usage": usage,
+                "tool_call_error": TOOL_CALL_ERROR,
             },
             ("id", "type", "role", "model", "content", "stop_reason", "usage"),
         ),

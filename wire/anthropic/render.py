@@ -30,6 +30,7 @@ from pantheon_platform.errors import (
     api_error_from,
     json_response,
 )
+from wire.openai_chat.render import tool_call_error_json
 
 log = logging.getLogger("pantheon.http")
 
@@ -178,7 +179,16 @@ def message_json(
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage,
+        **call_error(finish),
     }
+
+
+def call_error(finish: FinishEvent | None) -> dict:
+    """`tool_call_error` (the chat route's object) when a call the model wrote was dropped
+    (an unknown tool, malformed, cut short): not a tool_use block, but never silent."""
+    if finish is None or not finish.tool_call_errors:
+        return {}
+    return {"tool_call_error": tool_call_error_json(finish.tool_call_errors[0])}
 
 
 # --- errors ------------------------------------------------------------------------------
@@ -187,7 +197,7 @@ def message_json(
 def anthropic_error(exc: Exception) -> ApiError:
     """The exception as our ApiError with Anthropic's status conventions: an over-long
     prompt is 400 "prompt is too long: N tokens > M maximum" (what Anthropic answers and
-    its clients recognise), not the OpenAI routes' 422."""
+    its clients recognise, LangChain's ChatAnthropic among them)."""
     if isinstance(exc, ContextOverBudget):
         count = f"at least {exc.prompt_tokens}" if exc.at_least else str(exc.prompt_tokens)
         return ApiError(
@@ -200,7 +210,10 @@ def anthropic_error(exc: Exception) -> ApiError:
 
 
 def error_json(error: ApiError) -> dict:
-    return anthropic_error_body(error.status, error.message)
+    body = anthropic_error_body(error.status, error.message)
+    if "details" in error.extra:  # an error code the SDK maps to its own class
+        body["error"]["details"] = error.extra["details"]
+    return body
 
 
 def error_response(error: ApiError):
@@ -267,6 +280,7 @@ async def stream_events(
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
             "usage": usage_json(finish.usage),
+            **call_error(finish),
         },
     )
     yield sse_event("message_stop", {"type": "message_stop"})

@@ -21,7 +21,7 @@ from engine import (
     SamplingParams,
     Turn,
 )
-from pantheon_platform.errors import invalid_request
+from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX, MAX_STOP_STRINGS, tool_objects
 from wire.anthropic.conversation import MESSAGE, TEXT_BLOCK, conversation
 from wire.fields import (
@@ -78,6 +78,7 @@ def parse_messages_request(
     ApiError naming the field. `count_only`: /v1/messages/count_tokens (no max_tokens,
     no sampling, no stream). The fields are read in the order they always were: the
     first fault found is the one answered."""
+    refuse_thread(data.get("thread"))
     model = COUNT.value(data, "model")
     messages = conversation(data.get("messages"), data.get("system"))
     tools = COUNT.value(data, "tools")
@@ -108,6 +109,23 @@ def parse_messages_request(
         sampling=sampling,
         stream=stream,
         session_id=session_id,
+    )
+
+
+def refuse_thread(thread: object) -> None:
+    """Message threads (the `thread` field: the server keeps the conversation and a turn
+    sends only what is new) are not kept here: a request with one is refused with the
+    error code the SDK falls back on (`thread_unsupported_request`: its tool runner then
+    sends the whole conversation without `thread`). Answering it as if unthreaded would
+    lose the history a `continue` leaves out."""
+    if thread is None or thread is False:
+        return
+    raise ApiError(
+        400,
+        "thread: this server does not keep message threads; send the whole conversation "
+        "without `thread`",
+        "invalid_request_error",
+        extra={"param": "thread", "details": {"error_code": "thread_unsupported_request"}},
     )
 
 

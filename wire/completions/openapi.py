@@ -329,7 +329,7 @@ def add_paths(paths: dict[str, dict]) -> None:
                     },
                 },
             },
-            (400, 404, 422, 429, 503),
+            (400, 404, 429, 503),
             body=_ref("CompletionRequest"),
             parameters=[_session_header()],
             tag="client",
@@ -342,7 +342,7 @@ def add_paths(paths: dict[str, dict]) -> None:
             "Embeddings: each input's final hidden states pooled (the model's pooling load "
             "option) and L2-normalised",
             _ok(_ref("EmbeddingList")),
-            (400, 404, 422, 429, 503),
+            (400, 404, 429, 503),
             body=_ref("EmbeddingRequest"),
             tag="client",
         )

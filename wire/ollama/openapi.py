@@ -25,6 +25,7 @@ from wire.ollama.conversation import TOOL_CALL
 from wire.ollama.render import NDJSON
 from wire.ollama.request import CHAT, EMBED, EMBEDDINGS, GENERATE, SHOW
 from wire.ollama.views import MANAGED, managed_method
+from wire.openai_chat.openapi import TOOL_CALL_ERROR
 
 
 def _ref(name: str) -> dict:
@@ -44,6 +45,7 @@ def schemas() -> dict:
         "prompt_eval_duration": NON_NEGATIVE,
         "eval_count": NON_NEGATIVE,
         "eval_duration": NON_NEGATIVE,
+        "tool_call_error": TOOL_CALL_ERROR,
     }
     logprob = _object({"token": STRING, "logprob": NUMBER}, ("token", "logprob"))
     details = _object(

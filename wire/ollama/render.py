@@ -27,6 +27,7 @@ from engine import (
 )
 from pantheon_platform.chat_http import one_choice
 from pantheon_platform.errors import ApiError, api_error_from, json_response
+from wire.openai_chat.render import tool_call_error_json
 
 log = logging.getLogger("pantheon.http")
 
@@ -73,7 +74,7 @@ class NdjsonResponse(StreamingHttpResponse):
 
 def ollama_error(exc: Exception) -> ApiError:
     """The exception as our ApiError with Ollama's conventions: an over-long prompt is a
-    400 (Ollama has no 422)."""
+    400, as on every route."""
     if isinstance(exc, ContextOverBudget):
         return ApiError(400, str(exc), "invalid_request_error")
     return api_error_from(exc)
@@ -109,13 +110,19 @@ class Clock:
             self.first = time.perf_counter_ns()
 
     def mark_end(self) -> None:
-        self.end = time.perf_counter_ns()
+        """The finish; an answer that showed nothing before it (held-back tool markup)
+        has its first event here too, never after the end (eval_duration >= 0)."""
         self.mark_first()
+        self.end = max(time.perf_counter_ns(), self.first)
 
 
 def done_fields(finish: FinishEvent, clock: Clock) -> dict:
     usage = finish.usage
     reason = DONE_REASONS.get(finish.finish_reason, finish.finish_reason)
+    dropped = finish.tool_call_errors
+    # A call the model wrote and that was dropped (an unknown tool, malformed, cut
+    # short): the chat route's `tool_call_error` object, never silent.
+    error = {"tool_call_error": tool_call_error_json(dropped[0])} if dropped else {}
     return {
         "done": True,
         "done_reason": reason,
@@ -126,6 +133,7 @@ def done_fields(finish: FinishEvent, clock: Clock) -> dict:
         "prompt_eval_duration": clock.first - clock.ready,
         "eval_count": usage.completion_tokens,
         "eval_duration": clock.end - clock.first,
+        **error,
     }
 
 

@@ -118,9 +118,13 @@ _TOOL_CALL = obj(
     },
     ("id", "type", "function"),
 )
-_TOOL_CALL_ERROR = obj(
+# A call the model wrote that is not in the answer's calls (an unknown tool, malformed,
+# cut short): the chat route's choice, and Anthropic's, Responses' and Ollama's answers.
+TOOL_CALL_ERROR = obj(
     {"code": STRING, "message": STRING, "function": STRING, "parameter": STRING},
     ("code", "message"),
+    description="A tool call the model wrote that was dropped: why (code: incomplete_call, "
+    "malformed_call, unknown_function, invalid_argument).",
 )
 
 _FINISH_REASON = {"type": "string", "enum": ["stop", "length", "tool_calls", "repetition_loop"]}
@@ -161,7 +165,7 @@ _CHAT_COMPLETION = obj(
                     ),
                     "finish_reason": _FINISH_REASON,
                     "logprobs": _LOGPROBS,
-                    "tool_call_error": _TOOL_CALL_ERROR,
+                    "tool_call_error": TOOL_CALL_ERROR,
                 },
                 ("index", "message", "finish_reason"),
             ),
@@ -215,7 +219,7 @@ def path_items() -> dict[str, dict]:
                 "createChatCompletion",
                 "OpenAI-compatible chat completion (JSON or SSE)",
                 chat_ok,
-                (400, 404, 422, 429, 503),
+                (400, 404, 429, 503),
                 body=ref("ChatCompletionRequest"),
                 parameters=[session_header()],
                 tag="client",

@@ -1,5 +1,5 @@
 """The OpenAPI pieces of the OpenAI Responses routes (wire.responses): POST /v1/responses,
-GET and DELETE /v1/responses/{response_id}. The bounds are wire.responses.request's.
+GET and DELETE /v1/responses/{response_id}, GET /v1/responses/{response_id}/input_items. The bounds are wire.responses.request's.
 
 pantheon_site/openapi.py calls add_paths() with its paths and merges schemas()."""
 
@@ -20,10 +20,12 @@ from pantheon_platform.openapi import (
     session_header,
     sse_event,
 )
+from wire.openai_chat.openapi import TOOL_CALL_ERROR
 from wire.responses.request import REQUEST
 
 RESPONSES_PATH = "/v1/responses"
 RESPONSE_PATH = "/v1/responses/{response_id}"
+INPUT_ITEMS_PATH = "/v1/responses/{response_id}/input_items"
 
 
 def schemas() -> dict:
@@ -99,6 +101,7 @@ def schemas() -> dict:
             "model": STRING,
             "output": {"type": "array", "items": output_item},
             "usage": nullable(usage),
+            "tool_call_error": TOOL_CALL_ERROR,
             "previous_response_id": nullable(STRING),
             "instructions": nullable(STRING),
             "store": {
@@ -117,11 +120,62 @@ def schemas() -> dict:
             {"id": STRING, "object": {"const": "response.deleted"}, "deleted": {"const": True}},
             ("id", "object", "deleted"),
         ),
+        "ResponseInputItemList": _input_items(output_text, item_status),
         "ResponseStreamEvent": obj(
             {"type": STRING, "sequence_number": NON_NEGATIVE, "response": ref("Response")},
             ("type", "sequence_number"),
         ),
     }
+
+
+def _input_items(output_text: dict, item_status: dict) -> dict:
+    """GET /v1/responses/{id}/input_items' page (wire/responses/input_items.py)."""
+    input_text = obj({"type": {"const": "input_text"}, "text": STRING}, ("type", "text"))
+    item = {
+        "anyOf": [
+            obj(
+                {
+                    "id": STRING,
+                    "type": {"const": "message"},
+                    "role": {"enum": ["user", "system", "assistant"]},
+                    "status": item_status,
+                    "content": {"type": "array", "items": {"anyOf": [input_text, output_text]}},
+                },
+                ("id", "type", "role", "content"),
+            ),
+            obj(
+                {
+                    "id": STRING,
+                    "type": {"const": "function_call"},
+                    "call_id": STRING,
+                    "name": STRING,
+                    "arguments": STRING,
+                    "status": item_status,
+                },
+                ("id", "type", "call_id", "name", "arguments"),
+            ),
+            obj(
+                {
+                    "id": STRING,
+                    "type": {"const": "function_call_output"},
+                    "call_id": STRING,
+                    "output": STRING,
+                    "status": item_status,
+                },
+                ("id", "type", "call_id", "output"),
+            ),
+        ]
+    }
+    return obj(
+        {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": item},
+            "first_id": nullable(STRING),
+            "last_id": nullable(STRING),
+            "has_more": BOOL,
+        },
+        ("object", "data", "first_id", "last_id", "has_more"),
+    )
 
 
 def add_paths(paths: dict[str, dict]) -> None:
@@ -152,7 +206,7 @@ def add_paths(paths: dict[str, dict]) -> None:
                     },
                 },
             },
-            (400, 404, 413, 422, 429, 503),
+            (400, 404, 413, 429, 503),
             body=ref("ResponsesRequest"),
             parameters=[session_header()],
             tag="client",
@@ -183,6 +237,43 @@ def add_paths(paths: dict[str, dict]) -> None:
             "or expired)",
             ok(ref("ResponseDeleted")),
             (404,),
+            tag="client",
+        ),
+    }
+    query = [
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "description": "Items per page, 1 to 100 (default 20).",
+            "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+        },
+        {
+            "name": "order",
+            "in": "query",
+            "required": False,
+            "description": "desc (the newest first, the default) or asc.",
+            "schema": {"type": "string", "enum": ["asc", "desc"]},
+        },
+        {
+            "name": "after",
+            "in": "query",
+            "required": False,
+            "description": "An item id of this response: the items after it (in `order`).",
+            "schema": {"type": "string"},
+        },
+    ]
+    paths[INPUT_ITEMS_PATH] = {
+        "parameters": [response_id],
+        "get": operation(
+            INPUT_ITEMS_PATH,
+            "listResponseInputItems",
+            "The input items a stored response answered (a continued response's earlier "
+            "turns included, instructions not), a page at a time; 404 as for GET "
+            "/v1/responses/{response_id}",
+            ok(ref("ResponseInputItemList")),
+            (400, 404),
+            parameters=query,
             tag="client",
         ),
     }

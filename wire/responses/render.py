@@ -16,6 +16,7 @@ import secrets
 import time
 
 from engine import ArgumentsDelta, CallOpened, FinishEvent, TokenEvent, Usage
+from wire.openai_chat.render import tool_call_error_json
 
 # finish_reason -> (response status, incomplete_details.reason or None)
 INCOMPLETE = {"length": "max_output_tokens"}
@@ -157,6 +158,8 @@ class ResponseBuilder:
         self.response["usage"] = usage_json(finish.usage)
         if finish.response_format_status:
             self.response["response_format_status"] = finish.response_format_status
+        if finish.tool_call_errors:  # a call dropped (unknown tool, malformed): say why
+            self.response["tool_call_error"] = tool_call_error_json(finish.tool_call_errors[0])
         if status == "completed":
             self.response["completed_at"] = int(time.time())
         self.response["output"] = [item.body for item in self.items]

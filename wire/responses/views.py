@@ -71,7 +71,9 @@ async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse
     namespace = tenancy.namespace(request)
     previous = None
     if req.previous_response_id:
-        previous = await _stored(namespace, req.previous_response_id, "previous_response_id")
+        previous = await stored_response(
+            namespace, req.previous_response_id, "previous_response_id"
+        )
     conversation = [*(previous.conversation if previous else ()), *req.input_messages]
     if not conversation:
         raise invalid_request("input: expected at least one item", param="input")
@@ -318,7 +320,9 @@ def _not_found(response_id: str, param: str | None = None) -> ApiError:
     )
 
 
-async def _stored(namespace: str, response_id: str, param: str | None = None) -> StoredResponse:
+async def stored_response(
+    namespace: str, response_id: str, param: str | None = None
+) -> StoredResponse:
     """The caller's stored response `response_id`, or 404: another key's is not found
     (nor is an id this server never makes, without asking the database)."""
     if not is_response_id(response_id):
@@ -340,7 +344,7 @@ async def response_detail(request: HttpRequest, response_id: str) -> HttpRespons
     try:
         namespace = tenancy.namespace(request)
         if request.method == "GET":
-            return json_response((await _stored(namespace, response_id)).body)
+            return json_response((await stored_response(namespace, response_id)).body)
         deleted = (
             await storage.db(storage.delete, namespace, response_id)
             if is_response_id(response_id)

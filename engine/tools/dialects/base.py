@@ -122,6 +122,21 @@ def tool_json(tool: ToolSpec) -> str:
     return json.dumps({"type": "function", "function": fn}, ensure_ascii=False)
 
 
+def example_call(tools: list[ToolSpec]) -> tuple[str, str | None]:
+    """What the example call of a system text shows: the request's first tool's name and
+    its first parameter's (required ones first; None when it takes none). Never a value:
+    a small model copies an example's value (an invented one, a placeholder, an empty
+    line) into its calls, so the values are described in words, not shown."""
+    tool = tools[0]
+    schema = tool.parameters if isinstance(tool.parameters, dict) else {}
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = schema.get("required")
+    required = [r for r in required if r in properties] if isinstance(required, list) else []
+    names = [*required, *properties]
+    return tool.name, (names[0] if names else None)
+
+
 class Dialect:
     """How one family of models is told about tools, writes calls and reads results."""
 

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from engine.tools.dialects.base import CallParser, Dialect, tool_json
+from engine.tools.dialects.base import CallParser, Dialect, example_call, tool_json
 from engine.tools.dialects.calls import (
     ArgumentsDelta,
     ToolSpec,
@@ -225,6 +225,13 @@ def _call_shape(obj: Any) -> tuple[str, Any] | None:
     return names[0], obj.get("arguments", {})
 
 
+def _example(tools: list[ToolSpec]) -> str:
+    """The example call: the request's first tool (base.example_call), its arguments left
+    to the sentence that describes them (no value is shown to be copied)."""
+    name, _ = example_call(tools)
+    return f'{{"name": {json.dumps(name)}, "arguments": {{...}}}}'
+
+
 class _Json(Dialect):
     name = "json"
 
@@ -234,8 +241,9 @@ class _Json(Dialect):
             "# Tools\n\nYou may call one or more of these functions:\n\n"
             f"{listing}\n\n"
             "To call a function, write a JSON object on its own line, one per call:\n"
-            '{"name": "example_function_name", "arguments": {"example_parameter": "value"}}\n'
-            "The arguments follow the function's JSON schema; give every required one.\n"
+            f"{_example(tools)}\n"
+            "where {...} is the arguments object: each parameter's name and its value as "
+            "JSON, as the function's JSON schema says; give every required one.\n"
             "If no function fits, answer normally without mentioning functions."
         )
 

@@ -7,7 +7,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine.tools.dialects.base import CallParser, Dialect, held_suffix, tool_json
+from engine.tools.dialects.base import (
+    CallParser,
+    Dialect,
+    example_call,
+    held_suffix,
+    tool_json,
+)
 from engine.tools.dialects.calls import ArgumentsDelta, CallOpened, ToolSpec, coerce_text
 
 _X_OPEN, _X_CLOSE = "<tool_call>", "</tool_call>"
@@ -205,18 +211,33 @@ class _XmlDialect(Dialect):
         return (
             "# Tools\n\nYou may call one or more of these functions:\n\n"
             f"<tools>\n{listing}\n</tools>\n\n"
-            "To call a function, write exactly this and nothing after it:\n\n"
-            f"<tool_call>\n{t.function_tag('example_function_name')}\n"
-            f"{t.parameter_tag('example_parameter_1')}\nvalue_1\n</parameter>\n"
-            f"{t.parameter_tag('example_parameter_2')}\nA value may span\nseveral lines\n"
-            "</parameter>\n</function>\n</tool_call>\n\n"
+            "To call a function, write this, its parameter blocks inside the function "
+            "block, and nothing after it:\n\n"
+            f"{self._example(tools)}\n\n"
             "Rules:\n"
             f"- Each call is a {t.function_tag('...')}</function> block inside "
             "<tool_call></tool_call>.\n"
-            "- Give every required parameter. Strings are written as they are; numbers, "
-            "booleans and null as JSON; objects and arrays as JSON.\n"
+            f"- {self._parameter_rule(tools)}\n"
+            "- Give every required parameter. Strings are written as they are (a value "
+            "may span several lines); numbers, booleans and null as JSON; objects and "
+            "arrays as JSON.\n"
             "- You may explain your reasoning before the calls, not after them.\n"
             "- If no function fits, answer normally without mentioning functions."
+        )
+
+    def _example(self, tools: list[ToolSpec]) -> str:
+        """The example call: the request's first tool (base.example_call), its parameter
+        blocks left to the rule that describes them (no value is shown to be copied)."""
+        name, _ = example_call(tools)
+        return "\n".join([_X_OPEN, self.tags.function_tag(name), _X_FUNC_END, _X_CLOSE])
+
+    def _parameter_rule(self, tools: list[ToolSpec]) -> str:
+        _, parameter = example_call(tools)
+        tag = self.tags.parameter_tag(parameter or "...")
+        return (
+            "Inside the function block, each parameter is a block of its own: a line "
+            f"{tag} (the parameter's name), the value on the lines after it, then a "
+            f"line {_X_PARAM_END}."
         )
 
     def render_call(self, name: str, arguments: dict) -> str:

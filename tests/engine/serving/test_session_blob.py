@@ -324,7 +324,7 @@ def test_missing_header_field(blob, key):
     [
         ("architecture", 7, "'architecture' must be a string, found an integer"),
         ("weights_version", ["x"], "'weights_version' must be a string, found a list"),
-        ("kv_dtype", "float16", "KV dtype is 'float16'"),
+        ("kv_dtype", "bfloat16", "KV dtype is 'bfloat16'"),
         ("kv_dtype", 4, "KV dtype is 4"),
         ("n_layer", "3", "'n_layer' must be an integer >= 0, found '3'"),
         ("n_layer", 3.0, "'n_layer' must be an integer"),

@@ -422,7 +422,7 @@ def test_system_text_names_every_tool_and_the_syntax(dialect):
         assert json.dumps(tool.parameters) in text
     syntax = {
         QWEN_XML: "<tool_call>\n<function=",
-        MINICPM_XML: '<tool_call>\n<function name="example_function_name">\n<parameter name="',
+        MINICPM_XML: '<tool_call>\n<function name="get_weather">\n</function>',
         JSON_DIALECT: '{"name": ',
     }[dialect]
     assert syntax in text

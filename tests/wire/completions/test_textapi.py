@@ -106,12 +106,15 @@ def test_any_model_name_reaches_the_only_model_and_get_is_405(http, served):
         assert error["type"] == "method_not_allowed"
 
 
-def test_a_prompt_over_the_window_is_422(http, served):
+def test_a_prompt_over_the_window_is_400_context_length_exceeded(http, served):
     window = served.resolve(None)[1].context_window_configured
     response = post(http, "/v1/completions", {"prompt": [1] * (window + 1)})
-    assert refused(response, 422)["type"] == "context_over_budget"
+    error = refused(response, 400)
+    assert (error["type"], error["code"]) == ("context_over_budget", "context_length_exceeded")
+    assert (error["context_window"], error["prompt_tokens"]) == (window, window + 1)
     response = post(http, "/v1/embeddings", {"input": [1] * (window + 1)})
-    assert refused(response, 422)["type"] == "context_over_budget"
+    error = refused(response, 400)
+    assert (error["type"], error["code"]) == ("context_over_budget", "context_length_exceeded")
 
 
 def test_a_completion_of_several_prompts(http, served):

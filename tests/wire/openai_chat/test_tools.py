@@ -326,7 +326,8 @@ async def test_a_compelled_call_the_model_ends_early_is_closed_by_the_server(
 async def test_a_minicpm_like_model_calls_in_the_attribute_dialect(post_chat, minicpm_like):
     assert minicpm_like.tool_dialect is MINICPM_XML
     ids, _ = minicpm_like.prepare_chat(ASK, tools=parse_tools(TOOLS), dialect=MINICPM_XML)
-    assert '<function name="example_function_name">' in minicpm_like.tokenizer.decode(ids)
+    prompt = minicpm_like.tokenizer.decode(ids)
+    assert '<function name="get_weather">' in prompt and '<parameter name="city">' in prompt
     for seed in range(3):
         response = await post_chat(
             body(model="minicpm-like", tool_choice="required", temperature=1.0, seed=seed)
