@@ -27,6 +27,7 @@ from django.conf import settings
 
 from cluster import placement
 from cluster.registry import Instance, get_registry, registry_unavailable
+from cluster.stream_errors import StreamTail
 from pantheon_platform import tenancy
 from pantheon_platform.errors import ApiError, send_asgi_error
 from pantheon_platform.json_blob import BodyTooLarge, split_field
@@ -258,8 +259,10 @@ class Dispatcher:
 
     async def _pump(self, send, upstream, inst: Instance, target: Target, sniff: bool):
         seen = b""
+        tail = StreamTail(target.path, upstream.headers.get("content-type", ""))
         try:
             async for chunk in upstream.aiter_raw():
+                tail.saw(chunk)
                 if sniff:
                     seen += chunk
                     found = RESPONSE_ID.search(seen)
@@ -275,14 +278,8 @@ class Dispatcher:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:  # the instance died mid-answer
             log.warning("instance %s broke off an answer: %s", inst.id, exc)
-            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                error = {
-                    "error": {
-                        "message": f"instance {inst.id} failed mid-answer",
-                        "type": "instance_failed",
-                    }
-                }
-                event = f"data: {json.dumps(error)}\n\n".encode()
+            event = tail.failure(f"instance {inst.id} failed mid-answer")
+            if event:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

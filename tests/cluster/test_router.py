@@ -8,6 +8,7 @@ import concurrent.futures
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -348,9 +349,30 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
     (survivor,) = routable_ids(cluster)
     first = chat(cluster, QUESTION, session_id="kill-1")
     assert first.headers["x-pantheon-instance"] == survivor
+    # Streams pinned to the survivor (their session ids are recorded there) that its death
+    # cuts: each must end in its own format's error event.
+    for path in CUT_STREAMS:
+        reply = httpx.post(
+            cluster.router_url + path,
+            json=PINS[path],
+            headers={**cluster.headers(), "X-Session-Id": f"kill{path}"},
+            timeout=120,
+        )
+        assert reply.headers["x-pantheon-instance"] == survivor, reply.text
     replacement = cluster.start_instance("instance-c")
+    pool = concurrent.futures.ThreadPoolExecutor(len(CUT_STREAMS))
+    started = {path: threading.Event() for path in CUT_STREAMS}
+    cut = {path: pool.submit(cut_stream, cluster, path, started[path]) for path in CUT_STREAMS}
+    for path, event in started.items():
+        assert event.wait(60), f"{path} did not start"
 
     cluster.sigkill(survivor)
+    anthropic = cut["/v1/messages"].result(30)
+    assert anthropic[-2] == "event: error", anthropic[-3:]
+    assert json.loads(anthropic[-1].removeprefix("data: "))["error"]["type"] == "api_error"
+    ollama = cut["/api/chat"].result(30)
+    assert "failed mid-answer" in json.loads(ollama[-1])["error"]
+    pool.shutdown()
     # Before its heartbeats lapse, the router already goes elsewhere (it cannot connect).
     second = turn_two(cluster, first, "kill-1")
     assert second.headers["x-pantheon-instance"] == replacement
@@ -361,3 +383,39 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
     took = cluster.wait_for(lambda: survivor not in cluster.live_ids(), "the drop", 30)
     assert took <= HEARTBEAT_TIMEOUT_MS / 1000 + 1.0
     assert cluster.models()[SMOLLM2_NAME]["live"] == len(routable_ids(cluster))
+
+
+COUNTING = [{"role": "user", "content": "Count from 1 to 2000, one number per line."}]
+CUT_STREAMS = {  # greedy counting: still streaming when the instance is killed
+    "/v1/messages": {
+        "model": SMOLLM2_NAME,
+        "max_tokens": 4000,
+        "temperature": 0,
+        "messages": COUNTING,
+    },
+    "/api/chat": {
+        "model": SMOLLM2_NAME,
+        "messages": COUNTING,
+        "options": {"num_predict": 4000, "temperature": 0},
+    },
+}
+
+PINS = {  # one token each, to record the streams' session ids on the survivor
+    "/v1/messages": {**CUT_STREAMS["/v1/messages"], "max_tokens": 1},
+    "/api/chat": {**CUT_STREAMS["/api/chat"], "stream": False, "options": {"num_predict": 1}},
+}
+
+
+def cut_stream(cluster, path, started) -> list[str]:
+    """A long stream's non-empty lines until it ends (`started` is set at the first)."""
+    headers = {**cluster.headers(), "X-Session-Id": f"kill{path}"}
+    body = {**CUT_STREAMS[path], "stream": True}
+    lines = []
+    with httpx.stream(
+        "POST", cluster.router_url + path, json=body, headers=headers, timeout=120
+    ) as r:
+        for line in r.iter_lines():
+            if line:
+                lines.append(line)
+                started.set()
+    return lines
