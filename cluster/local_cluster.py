@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -134,7 +135,12 @@ def main() -> int:
         redis_port = free_port()
         procs.append(start_redis(binary, redis_port, args.data_dir / "redis"))
         router_url = f"http://127.0.0.1:{args.router_port}"
-        common = {"PANTHEON_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
+        common = {
+            "PANTHEON_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            # Only the processes started here may register (cluster/cluster_secret.py).
+            "PANTHEON_CLUSTER_SECRET": os.environ.get("PANTHEON_CLUSTER_SECRET")
+            or secrets.token_hex(32),
+        }
         router_dir = args.data_dir / "router"
         env = pantheon_env(router_dir, PANTHEON_ROLE="router", **common)
         procs.append(start_daphne(env, args.router_port, router_dir / "daphne.log"))

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cluster.cluster_secret import TOKEN_HEADER, token
 from cluster.local_cluster import NO_REDIS, find_redis_server, free_port, start_redis
 from tests.conftest import SMOLLM2_NAME
 from tests.e2e.daphne_server import REPO_ROOT, running_server
@@ -28,6 +29,7 @@ HEARTBEAT_TIMEOUT_MS = 2000
 CLIENT_KEY = "client-key-for-router-tests"
 ADMIN_KEY = "admin-key-for-router-tests"  # also the router's own key (PANTHEON_ROUTER_KEY)
 START_TIMEOUT_S = 120
+CLUSTER_SECRET = "cluster-secret-for-router-tests"
 
 
 def redis_binary() -> str:
@@ -54,6 +56,7 @@ class Cluster:
             "PANTHEON_API_KEY": CLIENT_KEY,
             "PANTHEON_ADMIN_API_KEY": ADMIN_KEY,
             "PANTHEON_ROUTER_KEY": ADMIN_KEY,
+            "PANTHEON_CLUSTER_SECRET": CLUSTER_SECRET,
         }
         self.router: subprocess.Popen | None = None
         self.instances: dict[str, object] = {}  # registry id -> tests.e2e Server
@@ -149,6 +152,14 @@ class Cluster:
     def post(self, path: str, body: dict, key: str = CLIENT_KEY, **kw) -> httpx.Response:
         return httpx.post(
             self.router_url + path, json=body, headers=self.headers(key), timeout=120, **kw
+        )
+
+    def registry_post(self, route: str, doc: dict, secret: str = CLUSTER_SECRET, **kw):
+        """A registry call (/registry/...) as an instance holding `secret` makes it."""
+        proof = token(doc["id"], doc["started_at"], secret)
+        headers = {**self.headers(ADMIN_KEY), TOKEN_HEADER: proof}
+        return httpx.post(
+            self.router_url + "/registry/" + route, json=doc, headers=headers, timeout=30, **kw
         )
 
     def live_ids(self) -> set[str]:

@@ -82,16 +82,16 @@ def test_models_aggregate_the_live_replicas_as_the_contract_says(cluster):
 
     # A replica that has not reported a window: the aggregate omits it; a smaller one wins.
     fake = report("fake:1", "http://127.0.0.1:9", free_slots=1)
-    assert cluster.post("/registry/register", fake, key=ADMIN_KEY).status_code == 200
+    assert cluster.registry_post("register", fake).status_code == 200
     try:
         row = cluster.models()[SMOLLM2_NAME]
         assert row["live"] == 3 and row["free_slots"] == 9
         assert "context_window" not in row
         fake["models"][0]["context_window"] = 512
-        assert cluster.post("/registry/heartbeat", fake, key=ADMIN_KEY).status_code == 200
+        assert cluster.registry_post("heartbeat", fake).status_code == 200
         assert cluster.models()[SMOLLM2_NAME]["context_window"] == 512
     finally:
-        cluster.post("/registry/deregister", {"id": "fake:1"}, key=ADMIN_KEY)
+        cluster.registry_post("deregister", fake)
     assert cluster.models()[SMOLLM2_NAME] == {
         **row,
         "live": 2,
@@ -102,15 +102,37 @@ def test_models_aggregate_the_live_replicas_as_the_contract_says(cluster):
 
 def test_registry_refuses_bad_reports_and_unknown_heartbeats(cluster):
     bad = report("fake:2", "ftp://nowhere")
-    reply = cluster.post("/registry/register", bad, key=ADMIN_KEY)
+    reply = cluster.registry_post("register", bad)
     assert reply.status_code == 400 and "url" in reply.json()["error"]["message"]
     bad = report("fake:2", "http://127.0.0.1:9", context_window=0)
-    assert cluster.post("/registry/register", bad, key=ADMIN_KEY).status_code == 400
-    reply = cluster.post("/registry/heartbeat", report("never:1", "http://x"), key=ADMIN_KEY)
+    assert cluster.registry_post("register", bad).status_code == 400
+    reply = cluster.registry_post("heartbeat", report("never:1", "http://x"))
     assert reply.status_code == 404 and reply.json()["error"]["type"] == "unknown_instance"
     # Registering is an operator's act: the client key may not.
     reply = cluster.post("/registry/register", report("fake:3", "http://x"), key=CLIENT_KEY)
     assert reply.status_code == 403
+
+
+def test_only_holders_of_the_secret_register_and_no_one_takes_a_live_id(cluster):
+    live_id = next(iter(cluster.instances))
+    rogue = report("rogue:1", "http://127.0.0.1:9")
+    for secret in (None, "not-the-cluster-secret"):  # no token, a token of another secret
+        if secret is None:
+            reply = cluster.post("/registry/register", rogue, key=ADMIN_KEY)
+        else:
+            reply = cluster.registry_post("register", rogue, secret=secret)
+        assert reply.status_code == 403, reply.text
+        assert reply.json()["error"]["type"] == "cluster_secret_required"
+    assert "rogue:1" not in cluster.live_ids()
+    # Even with the secret, a live instance's id is not taken over by another process:
+    # not by registering, heartbeating or deregistering under it.
+    impostor = report(live_id, "http://127.0.0.1:9")
+    for route in ("register", "heartbeat", "deregister"):
+        reply = cluster.registry_post(route, impostor)
+        assert reply.status_code == 409, reply.text
+        assert reply.json()["error"]["type"] == "instance_id_taken"
+    rows = {row["id"]: row for row in cluster.get("/admin/instances").json()["data"]}
+    assert rows[live_id]["url"] == cluster.instances[live_id].url
 
 
 def test_keys_are_checked_at_the_router(cluster):
@@ -127,7 +149,7 @@ def test_no_live_instance_is_503_and_all_full_is_429(cluster):
     assert reply.json()["error"]["type"] == "no_live_instance"
     full = report("fake:full", "http://127.0.0.1:9", free_slots=0, queue_depth=4)
     full["models"][0]["id"] = "full-model"
-    assert cluster.post("/registry/register", full, key=ADMIN_KEY).status_code == 200
+    assert cluster.registry_post("register", full).status_code == 200
     try:
         reply = cluster.post("/v1/chat/completions", {"model": "full-model", "messages": QUESTION})
         assert reply.status_code == 429, reply.text
@@ -139,7 +161,7 @@ def test_no_live_instance_is_503_and_all_full_is_429(cluster):
         )
         assert reply.status_code == 503 and reply.json()["type"] == "error"
     finally:
-        cluster.post("/registry/deregister", {"id": "fake:full"}, key=ADMIN_KEY)
+        cluster.registry_post("deregister", full)
 
 
 # ---- dispatch -----------------------------------------------------------------------------
