@@ -187,6 +187,12 @@ class Cluster:
             time.sleep(0.05)
         pytest.fail(f"timed out waiting for {what}")
 
+    def restart_redis(self) -> None:
+        """Stop Redis (SIGTERM: it flushes its append-only file) and start it again."""
+        self.redis_proc.terminate()
+        self.redis_proc.wait(20)
+        self.redis_proc = self.start_redis()
+
     def sigkill(self, inst_id: str) -> None:
         srv = self.instances[inst_id]
         srv.proc.send_signal(signal.SIGKILL)
@@ -208,7 +214,8 @@ def cluster(tmp_path_factory, smollm2_path):
     binary = redis_binary()
     tmp = tmp_path_factory.mktemp("cluster")
     c = Cluster(tmp, smollm2_path)
-    redis_proc = start_redis(binary, c.redis_port, tmp / "redis")
+    c.start_redis = lambda: start_redis(binary, c.redis_port, tmp / "redis")
+    c.redis_proc = c.start_redis()
     c.never_end = ban_turn_ends(smollm2_path)
     try:
         c.start_router()
@@ -217,5 +224,5 @@ def cluster(tmp_path_factory, smollm2_path):
         yield c
     finally:
         c.close()
-        redis_proc.kill()
-        redis_proc.wait(10)
+        c.redis_proc.kill()
+        c.redis_proc.wait(10)

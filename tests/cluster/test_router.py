@@ -299,6 +299,20 @@ def test_restarting_the_router_loses_no_affinity(cluster):
     assert cached(second) > 0
 
 
+def test_a_redis_restart_loses_no_stored_response_and_no_affinity(cluster):
+    respond = {"model": SMOLLM2_NAME, "temperature": 0, "max_output_tokens": 4}
+    made = cluster.post("/v1/responses", {**respond, "input": "Hi"})
+    rid, where = made.json()["id"], made.headers["x-pantheon-instance"]
+    first = chat(cluster, QUESTION, session_id="redis-restart-1")
+    cluster.restart_redis()
+    cluster.wait_for(lambda: len(cluster.live_ids()) == 2, "both instances", 30)
+    got = cluster.get(f"/v1/responses/{rid}", key=CLIENT_KEY)
+    assert got.status_code == 200 and got.headers["x-pantheon-instance"] == where
+    second = turn_two(cluster, first, "redis-restart-1")
+    assert second.headers["x-pantheon-instance"] == first.headers["x-pantheon-instance"]
+    assert cached(second) > 0
+
+
 def test_the_console_lists_the_instances(cluster):
     env = {**cluster.router_env(), "DJANGO_SUPERUSER_PASSWORD": "console-pass-1"}
     subprocess.run(
