@@ -4,9 +4,9 @@ buffered and nothing per chunk runs but one `send`).
 
 The caller's key was checked by the access guard in front of this app (the router's own
 keys and scopes); the instance is called with the router's key (PANTHEON_ROUTER_KEY) and
-the caller's session namespace in X-Pantheon-Namespace, so each key's sessions stay its
-own on the instances too (access/guard.py honours the header from an admin-scoped key
-only). Where a request goes: cluster/placement.py. A session id's instance is recorded
+the caller's session namespace in X-Pantheon-Namespace (made unique to the cluster and
+proved with its shared secret: access/forwarded.py), so each key's sessions and stored
+responses stay its own on the instances too, apart from the instances' own keys. Where a request goes: cluster/placement.py. A session id's instance is recorded
 when a turn with it succeeds there; a stored response's (/v1/responses) when it is made.
 """
 
@@ -25,6 +25,7 @@ import httpx
 import redis
 from django.conf import settings
 
+from access import forwarded
 from cluster import placement
 from cluster.registry import Instance, get_registry, registry_unavailable
 from cluster.stream_errors import StreamTail
@@ -56,7 +57,8 @@ FORWARDED_PATHS = frozenset(
     }
 )
 FORWARDED_PREFIXES = ("/v1/responses/", "/api/")
-NAMESPACE_HEADER = "x-pantheon-namespace"  # access.guard.NAMESPACE_HEADER
+NAMESPACE_HEADER = forwarded.NAMESPACE_HEADER.decode()
+PROOF_HEADER = forwarded.PROOF_HEADER.decode()
 
 # Not passed on: the caller's credentials and browser headers (checked here), hop-by-hop.
 DROPPED_REQUEST_HEADERS = frozenset(
@@ -75,6 +77,7 @@ DROPPED_REQUEST_HEADERS = frozenset(
         "upgrade",
         "proxy-authorization",
         NAMESPACE_HEADER,
+        PROOF_HEADER,
     }
 )
 DROPPED_RESPONSE_HEADERS = frozenset({b"connection", b"keep-alive", b"transfer-encoding"})
@@ -95,7 +98,9 @@ class Target:
 
     def __init__(self, scope, body: dict):
         self.path = scope["path"]
-        self.namespace = tenancy.namespace(scope)
+        # The caller's namespace as the instances know it (and as affinity is keyed):
+        # unique to this cluster's secret, never an instance-local key's.
+        self.namespace = forwarded.cluster_namespace(tenancy.namespace(scope))
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         model = body.get("model") if isinstance(body.get("model"), str) else body.get("name")
         if not isinstance(model, str) or not model:
@@ -225,6 +230,7 @@ class Dispatcher:
         if settings.PANTHEON_ROUTER_KEY:
             headers.append((b"authorization", f"Bearer {settings.PANTHEON_ROUTER_KEY}".encode()))
         headers.append((NAMESPACE_HEADER.encode(), target.namespace.encode()))
+        headers.append((PROOF_HEADER.encode(), forwarded.proof(target.namespace).encode()))
         return headers
 
     async def _relay(self, scope, receive, send, upstream, inst: Instance, target: Target):

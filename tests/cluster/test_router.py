@@ -14,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from tests.cluster.conftest import ADMIN_KEY, CLIENT_KEY, HEARTBEAT_TIMEOUT_MS
+from access import forwarded
+from tests.cluster.conftest import ADMIN_KEY, CLIENT_KEY, CLUSTER_SECRET, HEARTBEAT_TIMEOUT_MS
 from tests.conftest import SMOLLM2_NAME
 from tests.e2e.daphne_server import REPO_ROOT
 
@@ -201,6 +202,28 @@ def test_every_wire_format_is_forwarded(cluster):
         {**respond, "input": "More", "previous_response_id": rid},
     )
     assert follow.status_code == 200 and follow.headers["x-pantheon-instance"] == where
+
+
+def test_an_instance_local_key_reads_nothing_stored_through_the_router(cluster):
+    """The router's client key and the instance's own client key are the same env key
+    here, yet not the same tenant: the router forwards a namespace unique to the cluster,
+    proved with its secret; a namespace header without that proof is ignored."""
+    made = cluster.post(
+        "/v1/responses", {"model": SMOLLM2_NAME, "input": "Hi", "max_output_tokens": 2}
+    )
+    rid, where = made.json()["id"], cluster.instances[made.headers["x-pantheon-instance"]]
+    assert cluster.get(f"/v1/responses/{rid}", key=CLIENT_KEY).status_code == 200
+    direct = where.url + f"/v1/responses/{rid}"
+    assert httpx.get(direct, headers=cluster.headers(CLIENT_KEY)).status_code == 404
+    namespace = forwarded.cluster_namespace("env:client", CLUSTER_SECRET)  # the router's name
+    for proof in (None, "0" * 64):
+        headers = {**cluster.headers(ADMIN_KEY), "X-Pantheon-Namespace": namespace}
+        if proof:
+            headers["X-Pantheon-Namespace-Proof"] = proof
+        assert httpx.get(direct, headers=headers).status_code == 404
+    # With the router's proof (made with the secret), it is the router's caller.
+    headers["X-Pantheon-Namespace-Proof"] = forwarded.proof(namespace, CLUSTER_SECRET)
+    assert httpx.get(direct, headers=headers).status_code == 200
 
 
 def test_a_restore_an_instance_takes_is_not_refused_by_the_router(cluster):
