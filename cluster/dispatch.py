@@ -30,7 +30,7 @@ from cluster import placement
 from cluster.registry import Instance, get_registry, registry_unavailable
 from cluster.stream_errors import StreamTail
 from pantheon_platform import tenancy
-from pantheon_platform.errors import ApiError, send_asgi_error
+from pantheon_platform.errors import ERROR_TYPE_HEADER, ApiError, send_asgi_error
 from pantheon_platform.json_blob import BodyTooLarge, split_field
 
 log = logging.getLogger("pantheon.cluster")
@@ -117,6 +117,10 @@ class Target:
             response_id = body["previous_response_id"]
         self.response_id = response_id
         self.makes_response = self.path == "/v1/responses" and scope["method"] == "POST"
+        # The session's recorded instance is gone (dead, dropped, drained): it re-prefills
+        # wherever it lands now.
+        self.rehomed = False
+        self.session_dropped = False  # served without its session id (see forward)
 
 
 class Dispatcher:
@@ -178,6 +182,7 @@ class Dispatcher:
             inst = placement.pinned(instances, held, target.model)
             if inst is not None and inst.id not in exclude:
                 return inst
+            target.rehomed = held is not None
         try:
             return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
         except ApiError:
@@ -201,6 +206,11 @@ class Dispatcher:
             try:
                 try:
                     upstream = await self.client.send(request, stream=True)
+                    if _no_room_for_rehomed(upstream, target):
+                        await upstream.aclose()
+                        body = await _without_session(body)
+                        target.session_id, target.session_dropped = None, True
+                        continue
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                     # Dead but not yet dropped (its heartbeats have not lapsed): the next
                     # replica. Nothing was sent, so nothing runs twice.
@@ -226,6 +236,7 @@ class Dispatcher:
             (k, v)
             for k, v in scope.get("headers", ())
             if k.decode("latin-1").lower() not in DROPPED_REQUEST_HEADERS
+            and not (target.session_dropped and k.lower() == b"x-session-id")
         ]
         if settings.PANTHEON_ROUTER_KEY:
             headers.append((b"authorization", f"Bearer {settings.PANTHEON_ROUTER_KEY}".encode()))
@@ -288,6 +299,31 @@ class Dispatcher:
             if event:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _no_room_for_rehomed(upstream, target: Target) -> bool:
+    """A dead instance's session found no session slot where it landed (that instance's
+    sessions, or its key's cap there, are full): the turn had not begun, so it is sent
+    again without its session id and re-prefills there, as any turn without one does,
+    instead of a 429 its client cannot act on. Its next turn tries for a slot again."""
+    return (
+        target.rehomed
+        and target.session_id is not None
+        and not target.path.startswith("/session/")  # a session route needs its id
+        and upstream.status_code == 429
+        and upstream.headers.get(ERROR_TYPE_HEADER) == "model_at_session_capacity"
+    )
+
+
+async def _without_session(body: bytes) -> bytes:
+    """The request body without its session fields (the JSON routes; the header is
+    dropped by _headers)."""
+    data = await _json_object(body)
+    if not any(field in data for field in SESSION_FIELDS):
+        return body
+    for field in SESSION_FIELDS:
+        data.pop(field, None)
+    return json.dumps(data, ensure_ascii=False).encode()
 
 
 async def _read_body(receive) -> bytes | None:

@@ -110,19 +110,23 @@ class Cluster:
         self.router.terminate()
         self.router.wait(20)
 
-    def start_instance(self, name: str) -> str:
-        """A serve instance registered with the router; returns its registry id."""
+    def start_instance(self, name: str, **env: str) -> str:
+        """A serve instance registered with the router (`env`: settings of its own);
+        returns its registry id."""
         data_dir = self.tmp / name
         data_dir.mkdir()
         context = running_server(
             data_dir,
             {SMOLLM2_NAME: self.smollm2_path},
-            PANTHEON_ROUTER_URL=self.router_url,
-            PANTHEON_THREADS="1",
-            PANTHEON_MAX_CONCURRENT="4",
-            PANTHEON_MAX_SESSIONS="32",
-            PANTHEON_KEY_MAX_SESSIONS="32",
-            **self.common,
+            **{
+                "PANTHEON_ROUTER_URL": self.router_url,
+                "PANTHEON_THREADS": "1",
+                "PANTHEON_MAX_CONCURRENT": "4",
+                "PANTHEON_MAX_SESSIONS": "32",
+                "PANTHEON_KEY_MAX_SESSIONS": "32",
+                **self.common,
+                **env,
+            },
         )
         srv = context.__enter__()
         self._exits.append(context)

@@ -408,6 +408,7 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
     (survivor,) = routable_ids(cluster)
     first = chat(cluster, QUESTION, session_id="kill-1")
     assert first.headers["x-pantheon-instance"] == survivor
+    other = chat(cluster, QUESTION, session_id="kill-2")
     # Streams pinned to the survivor (their session ids are recorded there) that its death
     # cuts: each must end in its own format's error event.
     for path in CUT_STREAMS:
@@ -418,7 +419,8 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
             timeout=120,
         )
         assert reply.headers["x-pantheon-instance"] == survivor, reply.text
-    replacement = cluster.start_instance("instance-c")
+    # Room for one session only: the second of the dead instance's sessions finds none.
+    replacement = cluster.start_instance("instance-c", PANTHEON_MAX_SESSIONS="1")
     pool = concurrent.futures.ThreadPoolExecutor(len(CUT_STREAMS))
     started = {path: threading.Event() for path in CUT_STREAMS}
     cut = {path: pool.submit(cut_stream, cluster, path, started[path]) for path in CUT_STREAMS}
@@ -436,8 +438,12 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
     second = turn_two(cluster, first, "kill-1")
     assert second.headers["x-pantheon-instance"] == replacement
     assert cached(second) == 0  # honest: the KV died with the instance
-    reference = turn_two(cluster, first, "kill-reference", via=cluster.instances[replacement].url)
+    reference = turn_two(cluster, first, None, via=cluster.instances[replacement].url)
     assert answer(second) == answer(reference)
+    # No session slot left there: the turn re-prefills without one (not a 429).
+    third = turn_two(cluster, other, "kill-2")
+    assert third.headers["x-pantheon-instance"] == replacement
+    assert cached(third) == 0 and answer(third) == answer(reference)
 
     took = cluster.wait_for(lambda: survivor not in cluster.live_ids(), "the drop", 30)
     assert took <= HEARTBEAT_TIMEOUT_MS / 1000 + 1.0
