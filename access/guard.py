@@ -37,7 +37,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError
 
-from access import keys
+from access import forwarded, keys
+from access.forwarded import NAMESPACE_HEADER, PROOF_HEADER
 from engine import WORK_OWNER
 from pantheon_platform import routes
 
@@ -48,8 +49,6 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SCOPE_KEY = "pantheon.key"  # the authenticated key's label, for the access log
 NAMESPACE_KEY = "pantheon.namespace"  # whose sessions it reaches (pantheon_platform/tenancy.py)
 OPERATOR_KEY = "pantheon.operator"  # may see server internals (pantheon_platform/tenancy.py)
-NAMESPACE_HEADER = b"x-pantheon-namespace"  # a router's caller's namespace (namespace_for)
-NAMESPACE_MAX = 256
 KEY_HOWTO = (
     "send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>' (PANTHEON_API_KEY, "
     "PANTHEON_ADMIN_API_KEY, or a key made in the console at /console/)"
@@ -194,13 +193,16 @@ def namespace_of(principal: keys.Principal | None) -> str:
 
 def namespace_for(scope, principal: keys.Principal | None) -> str:
     """The caller's namespace, or the one a router names in X-Pantheon-Namespace when it
-    forwards a client's request (cluster/dispatch.py): honoured from an admin-scoped key
-    (the router's), or on a server with no key at all (where every caller is "open")."""
-    forwarded = header(scope, NAMESPACE_HEADER)
-    if forwarded and len(forwarded) <= NAMESPACE_MAX:
-        if principal is None or routes.ADMIN in principal.scopes:
-            return forwarded
-    return namespace_of(principal)
+    forwards a client's request (cluster/dispatch.py): honoured only with the router's
+    proof made with the cluster's shared secret (access/forwarded.py), never from a client,
+    whatever its key."""
+    named = forwarded.forwarded_namespace(
+        {
+            NAMESPACE_HEADER: header(scope, NAMESPACE_HEADER),
+            PROOF_HEADER: header(scope, PROOF_HEADER),
+        }
+    )
+    return named if named is not None else namespace_of(principal)
 
 
 def is_operator(scope, principal: keys.Principal | None) -> bool:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cluster.cluster_secret import TOKEN_HEADER, token  # noqa: E402
 from cluster.local_cluster import (  # noqa: E402
     find_redis_server,
     free_port,
@@ -162,7 +164,11 @@ def main() -> None:
     try:
         redis_port, router_port = free_port(), free_port()
         router = f"http://127.0.0.1:{router_port}"
-        common = {"PANTHEON_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
+        secret = secrets.token_hex(32)
+        common = {
+            "PANTHEON_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "PANTHEON_CLUSTER_SECRET": secret,
+        }
         procs.append(start_redis(binary, redis_port, tmp / "redis"))
         env = pantheon_env(tmp / "router", PANTHEON_ROLE="router", **common)
         procs.append(start_daphne(env, router_port, tmp / "router.log"))
@@ -203,10 +209,11 @@ def main() -> None:
             ],
         }
         stop = threading.Event()
+        proof = {TOKEN_HEADER: token(report["id"], report["started_at"], secret)}
 
         def keep_registered():  # heartbeats, as an instance would send them
             while not stop.is_set():
-                httpx.post(router + "/registry/register", json=report)
+                httpx.post(router + "/registry/register", json=report, headers=proof)
                 stop.wait(2)
 
         threading.Thread(target=keep_registered, daemon=True).start()

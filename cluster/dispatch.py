@@ -4,9 +4,9 @@ buffered and nothing per chunk runs but one `send`).
 
 The caller's key was checked by the access guard in front of this app (the router's own
 keys and scopes); the instance is called with the router's key (PANTHEON_ROUTER_KEY) and
-the caller's session namespace in X-Pantheon-Namespace, so each key's sessions stay its
-own on the instances too (access/guard.py honours the header from an admin-scoped key
-only). Where a request goes: cluster/placement.py. A session id's instance is recorded
+the caller's session namespace in X-Pantheon-Namespace (made unique to the cluster and
+proved with its shared secret: access/forwarded.py), so each key's sessions and stored
+responses stay its own on the instances too, apart from the instances' own keys. Where a request goes: cluster/placement.py. A session id's instance is recorded
 when a turn with it succeeds there; a stored response's (/v1/responses) when it is made.
 """
 
@@ -25,10 +25,12 @@ import httpx
 import redis
 from django.conf import settings
 
+from access import forwarded
 from cluster import placement
 from cluster.registry import Instance, get_registry, registry_unavailable
+from cluster.stream_errors import StreamTail
 from pantheon_platform import tenancy
-from pantheon_platform.errors import ApiError, send_asgi_error
+from pantheon_platform.errors import ERROR_TYPE_HEADER, ApiError, send_asgi_error
 from pantheon_platform.json_blob import BodyTooLarge, split_field
 
 log = logging.getLogger("pantheon.cluster")
@@ -55,7 +57,8 @@ FORWARDED_PATHS = frozenset(
     }
 )
 FORWARDED_PREFIXES = ("/v1/responses/", "/api/")
-NAMESPACE_HEADER = "x-pantheon-namespace"  # access.guard.NAMESPACE_HEADER
+NAMESPACE_HEADER = forwarded.NAMESPACE_HEADER.decode()
+PROOF_HEADER = forwarded.PROOF_HEADER.decode()
 
 # Not passed on: the caller's credentials and browser headers (checked here), hop-by-hop.
 DROPPED_REQUEST_HEADERS = frozenset(
@@ -74,6 +77,7 @@ DROPPED_REQUEST_HEADERS = frozenset(
         "upgrade",
         "proxy-authorization",
         NAMESPACE_HEADER,
+        PROOF_HEADER,
     }
 )
 DROPPED_RESPONSE_HEADERS = frozenset({b"connection", b"keep-alive", b"transfer-encoding"})
@@ -94,7 +98,9 @@ class Target:
 
     def __init__(self, scope, body: dict):
         self.path = scope["path"]
-        self.namespace = tenancy.namespace(scope)
+        # The caller's namespace as the instances know it (and as affinity is keyed):
+        # unique to this cluster's secret, never an instance-local key's.
+        self.namespace = forwarded.cluster_namespace(tenancy.namespace(scope))
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         model = body.get("model") if isinstance(body.get("model"), str) else body.get("name")
         if not isinstance(model, str) or not model:
@@ -111,6 +117,10 @@ class Target:
             response_id = body["previous_response_id"]
         self.response_id = response_id
         self.makes_response = self.path == "/v1/responses" and scope["method"] == "POST"
+        # The session's recorded instance is gone (dead, dropped, drained): it re-prefills
+        # wherever it lands now.
+        self.rehomed = False
+        self.session_dropped = False  # served without its session id (see forward)
 
 
 class Dispatcher:
@@ -172,6 +182,7 @@ class Dispatcher:
             inst = placement.pinned(instances, held, target.model)
             if inst is not None and inst.id not in exclude:
                 return inst
+            target.rehomed = held is not None
         try:
             return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
         except ApiError:
@@ -195,6 +206,11 @@ class Dispatcher:
             try:
                 try:
                     upstream = await self.client.send(request, stream=True)
+                    if _no_room_for_rehomed(upstream, target):
+                        await upstream.aclose()
+                        body = await _without_session(body)
+                        target.session_id, target.session_dropped = None, True
+                        continue
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                     # Dead but not yet dropped (its heartbeats have not lapsed): the next
                     # replica. Nothing was sent, so nothing runs twice.
@@ -220,10 +236,12 @@ class Dispatcher:
             (k, v)
             for k, v in scope.get("headers", ())
             if k.decode("latin-1").lower() not in DROPPED_REQUEST_HEADERS
+            and not (target.session_dropped and k.lower() == b"x-session-id")
         ]
         if settings.PANTHEON_ROUTER_KEY:
             headers.append((b"authorization", f"Bearer {settings.PANTHEON_ROUTER_KEY}".encode()))
         headers.append((NAMESPACE_HEADER.encode(), target.namespace.encode()))
+        headers.append((PROOF_HEADER.encode(), forwarded.proof(target.namespace).encode()))
         return headers
 
     async def _relay(self, scope, receive, send, upstream, inst: Instance, target: Target):
@@ -258,8 +276,10 @@ class Dispatcher:
 
     async def _pump(self, send, upstream, inst: Instance, target: Target, sniff: bool):
         seen = b""
+        tail = StreamTail(target.path, upstream.headers.get("content-type", ""))
         try:
             async for chunk in upstream.aiter_raw():
+                tail.saw(chunk)
                 if sniff:
                     seen += chunk
                     found = RESPONSE_ID.search(seen)
@@ -275,16 +295,35 @@ class Dispatcher:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:  # the instance died mid-answer
             log.warning("instance %s broke off an answer: %s", inst.id, exc)
-            if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-                error = {
-                    "error": {
-                        "message": f"instance {inst.id} failed mid-answer",
-                        "type": "instance_failed",
-                    }
-                }
-                event = f"data: {json.dumps(error)}\n\n".encode()
+            event = tail.failure(f"instance {inst.id} failed mid-answer")
+            if event:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _no_room_for_rehomed(upstream, target: Target) -> bool:
+    """A dead instance's session found no session slot where it landed (that instance's
+    sessions, or its key's cap there, are full): the turn had not begun, so it is sent
+    again without its session id and re-prefills there, as any turn without one does,
+    instead of a 429 its client cannot act on. Its next turn tries for a slot again."""
+    return (
+        target.rehomed
+        and target.session_id is not None
+        and not target.path.startswith("/session/")  # a session route needs its id
+        and upstream.status_code == 429
+        and upstream.headers.get(ERROR_TYPE_HEADER) == "model_at_session_capacity"
+    )
+
+
+async def _without_session(body: bytes) -> bytes:
+    """The request body without its session fields (the JSON routes; the header is
+    dropped by _headers)."""
+    data = await _json_object(body)
+    if not any(field in data for field in SESSION_FIELDS):
+        return body
+    for field in SESSION_FIELDS:
+        data.pop(field, None)
+    return json.dumps(data, ensure_ascii=False).encode()
 
 
 async def _read_body(receive) -> bytes | None:

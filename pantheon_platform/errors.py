@@ -159,6 +159,9 @@ def shutting_down(message: str = "") -> ApiError:
     )
 
 
+ERROR_TYPE_HEADER = "X-Pantheon-Error-Type"
+
+
 def _retry_after(seconds: int | None) -> dict[str, str]:
     return {"Retry-After": str(max(1, int(seconds)))} if seconds is not None else {}
 
@@ -203,7 +206,11 @@ def _error_from(exc: Exception, stream: bool) -> ApiError:
     session_error = _SESSION_ERRORS.get(type(exc))
     if session_error is not None:
         status, type_ = session_error
-        headers = _retry_after(exc.retry_after) if isinstance(exc, SessionCapacity) else None
+        headers = None
+        if isinstance(exc, SessionCapacity):
+            # Named in a header too: a router reads it whatever the route's error shape
+            # (cluster/dispatch.py serves a dead instance's session here without one).
+            headers = {**_retry_after(exc.retry_after), ERROR_TYPE_HEADER: type_}
         if isinstance(exc, SessionBusy):
             headers = _retry_after(1)
         return ApiError(status, str(exc), type_, headers=headers)

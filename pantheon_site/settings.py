@@ -80,6 +80,7 @@ PANTHEON_INSTANCE_URL  serve instance: the URL the router reaches it at (default
                        -b/-p, 127.0.0.1 for a wildcard bind)
 PANTHEON_INSTANCE_ID   serve instance: its name in the registry (default: host:port)
 PANTHEON_ROUTER_KEY    the key the router presents to instances and instances to the router
+PANTHEON_CLUSTER_SECRET  router and instances: the cluster's shared secret (>= 16 chars)
 PANTHEON_HEARTBEAT_MS  serve instance: milliseconds between heartbeats (2000)
 PANTHEON_HEARTBEAT_TIMEOUT_MS  router: an instance silent this long is dropped (10000)
 PANTHEON_AFFINITY_TTL_MS  router: a session id's instance is remembered this long after its
@@ -509,6 +510,12 @@ PANTHEON_ROUTER_URL = env_str("PANTHEON_ROUTER_URL").rstrip("/")
 PANTHEON_INSTANCE_URL = env_str("PANTHEON_INSTANCE_URL").rstrip("/")
 PANTHEON_INSTANCE_ID = env_str("PANTHEON_INSTANCE_ID")
 PANTHEON_ROUTER_KEY = env_str("PANTHEON_ROUTER_KEY")
+PANTHEON_CLUSTER_SECRET = env_str("PANTHEON_CLUSTER_SECRET")
+if (PANTHEON_ROLE == "router" or PANTHEON_ROUTER_URL) and len(PANTHEON_CLUSTER_SECRET) < 16:
+    raise EnvError(
+        "PANTHEON_CLUSTER_SECRET: a router and its instances need one shared secret of at "
+        "least 16 characters (`make cluster` generates one)"
+    )
 PANTHEON_HEARTBEAT_S = env_int("PANTHEON_HEARTBEAT_MS", 2000) / 1000
 PANTHEON_HEARTBEAT_TIMEOUT_S = env_int("PANTHEON_HEARTBEAT_TIMEOUT_MS", 10_000) / 1000
 PANTHEON_AFFINITY_TTL_S = (

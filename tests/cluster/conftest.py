@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cluster.cluster_secret import TOKEN_HEADER, token
 from cluster.local_cluster import NO_REDIS, find_redis_server, free_port, start_redis
 from tests.conftest import SMOLLM2_NAME
 from tests.e2e.daphne_server import REPO_ROOT, running_server
@@ -28,6 +29,7 @@ HEARTBEAT_TIMEOUT_MS = 2000
 CLIENT_KEY = "client-key-for-router-tests"
 ADMIN_KEY = "admin-key-for-router-tests"  # also the router's own key (PANTHEON_ROUTER_KEY)
 START_TIMEOUT_S = 120
+CLUSTER_SECRET = "cluster-secret-for-router-tests"
 
 
 def redis_binary() -> str:
@@ -54,6 +56,7 @@ class Cluster:
             "PANTHEON_API_KEY": CLIENT_KEY,
             "PANTHEON_ADMIN_API_KEY": ADMIN_KEY,
             "PANTHEON_ROUTER_KEY": ADMIN_KEY,
+            "PANTHEON_CLUSTER_SECRET": CLUSTER_SECRET,
         }
         self.router: subprocess.Popen | None = None
         self.instances: dict[str, object] = {}  # registry id -> tests.e2e Server
@@ -107,19 +110,23 @@ class Cluster:
         self.router.terminate()
         self.router.wait(20)
 
-    def start_instance(self, name: str) -> str:
-        """A serve instance registered with the router; returns its registry id."""
+    def start_instance(self, name: str, **env: str) -> str:
+        """A serve instance registered with the router (`env`: settings of its own);
+        returns its registry id."""
         data_dir = self.tmp / name
         data_dir.mkdir()
         context = running_server(
             data_dir,
             {SMOLLM2_NAME: self.smollm2_path},
-            PANTHEON_ROUTER_URL=self.router_url,
-            PANTHEON_THREADS="1",
-            PANTHEON_MAX_CONCURRENT="4",
-            PANTHEON_MAX_SESSIONS="32",
-            PANTHEON_KEY_MAX_SESSIONS="32",
-            **self.common,
+            **{
+                "PANTHEON_ROUTER_URL": self.router_url,
+                "PANTHEON_THREADS": "1",
+                "PANTHEON_MAX_CONCURRENT": "4",
+                "PANTHEON_MAX_SESSIONS": "32",
+                "PANTHEON_KEY_MAX_SESSIONS": "32",
+                **self.common,
+                **env,
+            },
         )
         srv = context.__enter__()
         self._exits.append(context)
@@ -151,6 +158,14 @@ class Cluster:
             self.router_url + path, json=body, headers=self.headers(key), timeout=120, **kw
         )
 
+    def registry_post(self, route: str, doc: dict, secret: str = CLUSTER_SECRET, **kw):
+        """A registry call (/registry/...) as an instance holding `secret` makes it."""
+        proof = token(doc["id"], doc["started_at"], secret)
+        headers = {**self.headers(ADMIN_KEY), TOKEN_HEADER: proof}
+        return httpx.post(
+            self.router_url + "/registry/" + route, json=doc, headers=headers, timeout=30, **kw
+        )
+
     def live_ids(self) -> set[str]:
         reply = self.get("/admin/instances")
         return {row["id"] for row in reply.json()["data"]} if reply.status_code == 200 else set()
@@ -176,6 +191,12 @@ class Cluster:
             time.sleep(0.05)
         pytest.fail(f"timed out waiting for {what}")
 
+    def restart_redis(self) -> None:
+        """Stop Redis (SIGTERM: it flushes its append-only file) and start it again."""
+        self.redis_proc.terminate()
+        self.redis_proc.wait(20)
+        self.redis_proc = self.start_redis()
+
     def sigkill(self, inst_id: str) -> None:
         srv = self.instances[inst_id]
         srv.proc.send_signal(signal.SIGKILL)
@@ -197,7 +218,8 @@ def cluster(tmp_path_factory, smollm2_path):
     binary = redis_binary()
     tmp = tmp_path_factory.mktemp("cluster")
     c = Cluster(tmp, smollm2_path)
-    redis_proc = start_redis(binary, c.redis_port, tmp / "redis")
+    c.start_redis = lambda: start_redis(binary, c.redis_port, tmp / "redis")
+    c.redis_proc = c.start_redis()
     c.never_end = ban_turn_ends(smollm2_path)
     try:
         c.start_router()
@@ -206,5 +228,5 @@ def cluster(tmp_path_factory, smollm2_path):
         yield c
     finally:
         c.close()
-        redis_proc.kill()
-        redis_proc.wait(10)
+        c.redis_proc.kill()
+        c.redis_proc.wait(10)

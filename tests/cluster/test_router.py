@@ -8,12 +8,14 @@ import concurrent.futures
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 import pytest
 
-from tests.cluster.conftest import ADMIN_KEY, CLIENT_KEY, HEARTBEAT_TIMEOUT_MS
+from access import forwarded
+from tests.cluster.conftest import ADMIN_KEY, CLIENT_KEY, CLUSTER_SECRET, HEARTBEAT_TIMEOUT_MS
 from tests.conftest import SMOLLM2_NAME
 from tests.e2e.daphne_server import REPO_ROOT
 
@@ -81,16 +83,16 @@ def test_models_aggregate_the_live_replicas_as_the_contract_says(cluster):
 
     # A replica that has not reported a window: the aggregate omits it; a smaller one wins.
     fake = report("fake:1", "http://127.0.0.1:9", free_slots=1)
-    assert cluster.post("/registry/register", fake, key=ADMIN_KEY).status_code == 200
+    assert cluster.registry_post("register", fake).status_code == 200
     try:
         row = cluster.models()[SMOLLM2_NAME]
         assert row["live"] == 3 and row["free_slots"] == 9
         assert "context_window" not in row
         fake["models"][0]["context_window"] = 512
-        assert cluster.post("/registry/heartbeat", fake, key=ADMIN_KEY).status_code == 200
+        assert cluster.registry_post("heartbeat", fake).status_code == 200
         assert cluster.models()[SMOLLM2_NAME]["context_window"] == 512
     finally:
-        cluster.post("/registry/deregister", {"id": "fake:1"}, key=ADMIN_KEY)
+        cluster.registry_post("deregister", fake)
     assert cluster.models()[SMOLLM2_NAME] == {
         **row,
         "live": 2,
@@ -101,15 +103,37 @@ def test_models_aggregate_the_live_replicas_as_the_contract_says(cluster):
 
 def test_registry_refuses_bad_reports_and_unknown_heartbeats(cluster):
     bad = report("fake:2", "ftp://nowhere")
-    reply = cluster.post("/registry/register", bad, key=ADMIN_KEY)
+    reply = cluster.registry_post("register", bad)
     assert reply.status_code == 400 and "url" in reply.json()["error"]["message"]
     bad = report("fake:2", "http://127.0.0.1:9", context_window=0)
-    assert cluster.post("/registry/register", bad, key=ADMIN_KEY).status_code == 400
-    reply = cluster.post("/registry/heartbeat", report("never:1", "http://x"), key=ADMIN_KEY)
+    assert cluster.registry_post("register", bad).status_code == 400
+    reply = cluster.registry_post("heartbeat", report("never:1", "http://x"))
     assert reply.status_code == 404 and reply.json()["error"]["type"] == "unknown_instance"
     # Registering is an operator's act: the client key may not.
     reply = cluster.post("/registry/register", report("fake:3", "http://x"), key=CLIENT_KEY)
     assert reply.status_code == 403
+
+
+def test_only_holders_of_the_secret_register_and_no_one_takes_a_live_id(cluster):
+    live_id = next(iter(cluster.instances))
+    rogue = report("rogue:1", "http://127.0.0.1:9")
+    for secret in (None, "not-the-cluster-secret"):  # no token, a token of another secret
+        if secret is None:
+            reply = cluster.post("/registry/register", rogue, key=ADMIN_KEY)
+        else:
+            reply = cluster.registry_post("register", rogue, secret=secret)
+        assert reply.status_code == 403, reply.text
+        assert reply.json()["error"]["type"] == "cluster_secret_required"
+    assert "rogue:1" not in cluster.live_ids()
+    # Even with the secret, a live instance's id is not taken over by another process:
+    # not by registering, heartbeating or deregistering under it.
+    impostor = report(live_id, "http://127.0.0.1:9")
+    for route in ("register", "heartbeat", "deregister"):
+        reply = cluster.registry_post(route, impostor)
+        assert reply.status_code == 409, reply.text
+        assert reply.json()["error"]["type"] == "instance_id_taken"
+    rows = {row["id"]: row for row in cluster.get("/admin/instances").json()["data"]}
+    assert rows[live_id]["url"] == cluster.instances[live_id].url
 
 
 def test_keys_are_checked_at_the_router(cluster):
@@ -126,7 +150,7 @@ def test_no_live_instance_is_503_and_all_full_is_429(cluster):
     assert reply.json()["error"]["type"] == "no_live_instance"
     full = report("fake:full", "http://127.0.0.1:9", free_slots=0, queue_depth=4)
     full["models"][0]["id"] = "full-model"
-    assert cluster.post("/registry/register", full, key=ADMIN_KEY).status_code == 200
+    assert cluster.registry_post("register", full).status_code == 200
     try:
         reply = cluster.post("/v1/chat/completions", {"model": "full-model", "messages": QUESTION})
         assert reply.status_code == 429, reply.text
@@ -138,7 +162,7 @@ def test_no_live_instance_is_503_and_all_full_is_429(cluster):
         )
         assert reply.status_code == 503 and reply.json()["type"] == "error"
     finally:
-        cluster.post("/registry/deregister", {"id": "fake:full"}, key=ADMIN_KEY)
+        cluster.registry_post("deregister", full)
 
 
 # ---- dispatch -----------------------------------------------------------------------------
@@ -178,6 +202,28 @@ def test_every_wire_format_is_forwarded(cluster):
         {**respond, "input": "More", "previous_response_id": rid},
     )
     assert follow.status_code == 200 and follow.headers["x-pantheon-instance"] == where
+
+
+def test_an_instance_local_key_reads_nothing_stored_through_the_router(cluster):
+    """The router's client key and the instance's own client key are the same env key
+    here, yet not the same tenant: the router forwards a namespace unique to the cluster,
+    proved with its secret; a namespace header without that proof is ignored."""
+    made = cluster.post(
+        "/v1/responses", {"model": SMOLLM2_NAME, "input": "Hi", "max_output_tokens": 2}
+    )
+    rid, where = made.json()["id"], cluster.instances[made.headers["x-pantheon-instance"]]
+    assert cluster.get(f"/v1/responses/{rid}", key=CLIENT_KEY).status_code == 200
+    direct = where.url + f"/v1/responses/{rid}"
+    assert httpx.get(direct, headers=cluster.headers(CLIENT_KEY)).status_code == 404
+    namespace = forwarded.cluster_namespace("env:client", CLUSTER_SECRET)  # the router's name
+    for proof in (None, "0" * 64):
+        headers = {**cluster.headers(ADMIN_KEY), "X-Pantheon-Namespace": namespace}
+        if proof:
+            headers["X-Pantheon-Namespace-Proof"] = proof
+        assert httpx.get(direct, headers=headers).status_code == 404
+    # With the router's proof (made with the secret), it is the router's caller.
+    headers["X-Pantheon-Namespace-Proof"] = forwarded.proof(namespace, CLUSTER_SECRET)
+    assert httpx.get(direct, headers=headers).status_code == 200
 
 
 def test_a_restore_an_instance_takes_is_not_refused_by_the_router(cluster):
@@ -276,6 +322,20 @@ def test_restarting_the_router_loses_no_affinity(cluster):
     assert cached(second) > 0
 
 
+def test_a_redis_restart_loses_no_stored_response_and_no_affinity(cluster):
+    respond = {"model": SMOLLM2_NAME, "temperature": 0, "max_output_tokens": 4}
+    made = cluster.post("/v1/responses", {**respond, "input": "Hi"})
+    rid, where = made.json()["id"], made.headers["x-pantheon-instance"]
+    first = chat(cluster, QUESTION, session_id="redis-restart-1")
+    cluster.restart_redis()
+    cluster.wait_for(lambda: len(cluster.live_ids()) == 2, "both instances", 30)
+    got = cluster.get(f"/v1/responses/{rid}", key=CLIENT_KEY)
+    assert got.status_code == 200 and got.headers["x-pantheon-instance"] == where
+    second = turn_two(cluster, first, "redis-restart-1")
+    assert second.headers["x-pantheon-instance"] == first.headers["x-pantheon-instance"]
+    assert cached(second) > 0
+
+
 def test_the_console_lists_the_instances(cluster):
     env = {**cluster.router_env(), "DJANGO_SUPERUSER_PASSWORD": "console-pass-1"}
     subprocess.run(
@@ -348,16 +408,79 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
     (survivor,) = routable_ids(cluster)
     first = chat(cluster, QUESTION, session_id="kill-1")
     assert first.headers["x-pantheon-instance"] == survivor
-    replacement = cluster.start_instance("instance-c")
+    other = chat(cluster, QUESTION, session_id="kill-2")
+    # Streams pinned to the survivor (their session ids are recorded there) that its death
+    # cuts: each must end in its own format's error event.
+    for path in CUT_STREAMS:
+        reply = httpx.post(
+            cluster.router_url + path,
+            json=PINS[path],
+            headers={**cluster.headers(), "X-Session-Id": f"kill{path}"},
+            timeout=120,
+        )
+        assert reply.headers["x-pantheon-instance"] == survivor, reply.text
+    # Room for one session only: the second of the dead instance's sessions finds none.
+    replacement = cluster.start_instance("instance-c", PANTHEON_MAX_SESSIONS="1")
+    pool = concurrent.futures.ThreadPoolExecutor(len(CUT_STREAMS))
+    started = {path: threading.Event() for path in CUT_STREAMS}
+    cut = {path: pool.submit(cut_stream, cluster, path, started[path]) for path in CUT_STREAMS}
+    for path, event in started.items():
+        assert event.wait(60), f"{path} did not start"
 
     cluster.sigkill(survivor)
+    anthropic = cut["/v1/messages"].result(30)
+    assert anthropic[-2] == "event: error", anthropic[-3:]
+    assert json.loads(anthropic[-1].removeprefix("data: "))["error"]["type"] == "api_error"
+    ollama = cut["/api/chat"].result(30)
+    assert "failed mid-answer" in json.loads(ollama[-1])["error"]
+    pool.shutdown()
     # Before its heartbeats lapse, the router already goes elsewhere (it cannot connect).
     second = turn_two(cluster, first, "kill-1")
     assert second.headers["x-pantheon-instance"] == replacement
     assert cached(second) == 0  # honest: the KV died with the instance
-    reference = turn_two(cluster, first, "kill-reference", via=cluster.instances[replacement].url)
+    reference = turn_two(cluster, first, None, via=cluster.instances[replacement].url)
     assert answer(second) == answer(reference)
+    # No session slot left there: the turn re-prefills without one (not a 429).
+    third = turn_two(cluster, other, "kill-2")
+    assert third.headers["x-pantheon-instance"] == replacement
+    assert cached(third) == 0 and answer(third) == answer(reference)
 
     took = cluster.wait_for(lambda: survivor not in cluster.live_ids(), "the drop", 30)
     assert took <= HEARTBEAT_TIMEOUT_MS / 1000 + 1.0
     assert cluster.models()[SMOLLM2_NAME]["live"] == len(routable_ids(cluster))
+
+
+COUNTING = [{"role": "user", "content": "Count from 1 to 2000, one number per line."}]
+CUT_STREAMS = {  # greedy counting: still streaming when the instance is killed
+    "/v1/messages": {
+        "model": SMOLLM2_NAME,
+        "max_tokens": 4000,
+        "temperature": 0,
+        "messages": COUNTING,
+    },
+    "/api/chat": {
+        "model": SMOLLM2_NAME,
+        "messages": COUNTING,
+        "options": {"num_predict": 4000, "temperature": 0},
+    },
+}
+
+PINS = {  # one token each, to record the streams' session ids on the survivor
+    "/v1/messages": {**CUT_STREAMS["/v1/messages"], "max_tokens": 1},
+    "/api/chat": {**CUT_STREAMS["/api/chat"], "stream": False, "options": {"num_predict": 1}},
+}
+
+
+def cut_stream(cluster, path, started) -> list[str]:
+    """A long stream's non-empty lines until it ends (`started` is set at the first)."""
+    headers = {**cluster.headers(), "X-Session-Id": f"kill{path}"}
+    body = {**CUT_STREAMS[path], "stream": True}
+    lines = []
+    with httpx.stream(
+        "POST", cluster.router_url + path, json=body, headers=headers, timeout=120
+    ) as r:
+        for line in r.iter_lines():
+            if line:
+                lines.append(line)
+                started.set()
+    return lines
