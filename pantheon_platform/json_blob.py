@@ -141,10 +141,10 @@ class _Scanner:
         quote = buf.find(b'"', pos)
         stop = len(buf) if quote < 0 else quote
         slash = buf.find(b"\\", pos, stop)
-        if slash >= 0:  # an escape: not base64; skip the value as an ordinary string
-            self.sink(buf[pos:slash])
-            self.fail()
-            self.streaming, self.in_string, self.discarding = False, True, True
+        if slash >= 0:  # an escape: not base64. The rest of the value is kept as an
+            self.sink(buf[pos:slash])  # ordinary string, so the strict parser still
+            self.fail()  # checks it (a lone surrogate there is a 400 naming `blob`)
+            self.streaming, self.in_string = False, True
             return slash
         self.sink(buf[pos:stop])
         if quote < 0:
