@@ -54,6 +54,11 @@ FORWARDED_PATHS = frozenset(
         "/session/release",
         "/session/estimate",
         "/session/watch",
+        # llama-server's routes (wire/llamacpp)
+        "/props",
+        "/slots",
+        "/completion",
+        "/infill",
     }
 )
 FORWARDED_PREFIXES = ("/v1/responses/", "/api/")

@@ -10,6 +10,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from cluster import placement
+from cluster.asgi import is_instance_only
 from cluster.dispatch import is_forwarded
 from cluster.registry import Instance, ModelReport
 from cluster.reports import parse_report
@@ -118,6 +119,11 @@ def test_every_client_route_of_a_serve_instance_is_forwarded():
         if "^" not in p and routes.scope_for(p) in (routes.INFERENCE, routes.SESSIONS)
     ]
     assert "/v1/chat/completions" in client_routes and "/api/chat" in client_routes
-    missing = [p for p in client_routes if not ROUTER_OWN.match(p) and not is_forwarded(p)]
+    missing = [
+        p
+        for p in client_routes
+        if not ROUTER_OWN.match(p) and not is_forwarded(p) and not is_instance_only(p)
+    ]
     assert missing == []
+    assert is_instance_only("/v1/files/x") and is_instance_only("/v1/batches")
     assert is_forwarded("/session/watch")  # a Channels consumer, not in the URL table
