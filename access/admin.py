@@ -31,7 +31,7 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["name", "scopes", "max_concurrent", "revoked"]
+        fields = ["name", "scopes", "max_concurrent", "priority", "revoked"]
 
 
 @admin.register(ApiKey)
@@ -45,8 +45,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def get_fields(self, request, obj=None):
         if obj is None:  # the add form: the key is made on save
-            return ["name", "scopes", "max_concurrent"]
-        return ["name", "prefix_shown", "scopes", "max_concurrent", "revoked"] + [
+            return ["name", "scopes", "max_concurrent", "priority"]
+        return ["name", "prefix_shown", "scopes", "max_concurrent", "priority", "revoked"] + [
             "created_at",
             "last_used_at",
         ]

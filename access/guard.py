@@ -40,7 +40,7 @@ from django.db import DatabaseError
 from access import forwarded, keys
 from access.forwarded import NAMESPACE_HEADER, PROOF_HEADER
 from engine import WORK_OWNER
-from pantheon_platform import routes
+from pantheon_platform import routes, tenancy
 
 log = logging.getLogger("pantheon.http")
 
@@ -84,6 +84,8 @@ class AccessGuard:
         if principal is None:
             return await self.app(scope, receive, send)
         scope[SCOPE_KEY] = principal.label  # in place: the outer access log reads it
+        if principal.priority == tenancy.BATCH:  # a batch key: every request in that class
+            scope[tenancy.SCOPE_PRIORITY] = tenancy.BATCH
         limit = keys.max_concurrent_for(principal)
         identity = principal.identity
         if limit and self.in_flight.get(identity, 0) >= limit:

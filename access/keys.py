@@ -41,6 +41,7 @@ class Principal:
     identity: str
     scopes: frozenset = field(default_factory=frozenset)
     max_concurrent: int | None = None
+    priority: str = "interactive"  # the class of every request the key sends
 
 
 def generate() -> str:
@@ -110,6 +111,7 @@ def _lookup_console(presented: list[str]) -> Principal | None:
             f"console:{row.pk}",
             frozenset(row.scopes) & ALL_SCOPES,
             row.max_concurrent or None,
+            row.priority or "interactive",
         )
     return None
 

@@ -33,6 +33,14 @@ class ApiKey(models.Model):
         help_text="Requests this key may have in flight at once; empty or 0: "
         "PANTHEON_KEY_MAX_CONCURRENT.",
     )
+    priority = models.CharField(
+        max_length=16,
+        blank=True,  # empty: interactive
+        default="interactive",
+        choices=[("interactive", "interactive"), ("batch", "batch")],
+        help_text="The class every request of this key runs in: batch work only uses the "
+        "capacity interactive requests leave (the Batches API's lines are batch anyway).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked = models.BooleanField(default=False)
