@@ -46,10 +46,11 @@ T = TypeVar("T")
 # it the client gets 413 request_too_large (or 429 server_busy if it never got a worker).
 PREPARE_TIMEOUT_S = 10.0
 PREPARE_WORKERS = 4
-# Shared fairly between keys (pantheon_platform/fair_pool.py): one key runs on at most
-# half the workers, and a key running nothing gets one of PREPARE_BURST extra threads
-# when all are busy, so one key's flood of huge bodies never makes another key wait.
-PREPARE_PER_KEY = 2
+# Shared fairly between keys (pantheon_platform/fair_pool.py): one key runs on one
+# worker at a time (preparation holds the GIL for much of its time, so a key gains
+# little from more, and a flood of huge bodies from it takes one core's worth at most),
+# and a key running nothing gets one of PREPARE_BURST extra threads when all are busy.
+PREPARE_PER_KEY = 1
 PREPARE_BURST = 4
 PREPARE_NICE = 5  # below the engine's threads: parsing waits, streams do not
 _prepare_pool = FairPool(
