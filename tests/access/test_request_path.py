@@ -330,7 +330,7 @@ TEXTS = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=3
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=TEXTS)
 def test_min_tokens_is_a_lower_bound(request, which, text):
     tok = request.getfixturevalue(f"{which}_tokenizer")
