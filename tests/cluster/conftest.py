@@ -22,7 +22,7 @@ import pytest
 from cluster.cluster_secret import TOKEN_HEADER, token
 from cluster.local_cluster import NO_REDIS, find_redis_server, free_port, start_redis
 from tests.conftest import SMOLLM2_NAME
-from tests.e2e.daphne_server import REPO_ROOT, running_server
+from tests.e2e.daphne_server import REPO_ROOT, migrate, running_server
 
 HEARTBEAT_MS = 300
 HEARTBEAT_TIMEOUT_MS = 2000
@@ -70,13 +70,7 @@ class Cluster:
         data_dir = self.tmp / "router"
         data_dir.mkdir(exist_ok=True)
         env = self.router_env()
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-            cwd=REPO_ROOT,
-            env=env,
-            check=True,
-            timeout=120,
-        )
+        migrate(data_dir, env)
         log = data_dir / f"daphne-{self.started_routers}.log"
         self.router = subprocess.Popen(
             [

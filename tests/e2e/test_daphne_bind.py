@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from tests.e2e.daphne_server import REPO_ROOT, free_port, running_server
+from tests.e2e.daphne_server import REPO_ROOT, free_port, migrate, running_server
 from tests.tiny_gguf import write_tiny_llama
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,13 +36,7 @@ def test_a_public_bind_without_a_key_refuses_to_start(tmp_path, tiny_model):
         "PANTHEON_MODELS": f"tiny={tiny_model}",
         "PANTHEON_MODEL_DIRS": str(tiny_model.parent),
     }
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=REPO_ROOT,
-        env=env,
-        check=True,
-        timeout=120,
-    )
+    migrate(tmp_path / "data", env)
     result = subprocess.run(
         [sys.executable, "-m", "daphne", "-b", "0.0.0.0", "-p", str(free_port())]
         + ["pantheon_site.asgi:application"],
