@@ -73,10 +73,10 @@ class ModelConfig:
     # Exact speculative decoding (serving/speculation.py): "auto" drafts tokens from the
     # context and a request's `prediction` and verifies them in one pass (the same tokens
     # as without it); "off" never drafts (PANTHEON_SPECULATION). `spec_max_draft`: the most
-    # tokens drafted per step for one sequence (a decode pass of B rows costs ~1.5x one
-    # row at B = 2, ~1.8x at 4, ~10x at 9 on a 2-core host: short drafts pay).
+    # tokens drafted per step for one sequence; fewer where a longer pass costs more per
+    # row than it saves (speculation.PassCosts measures it on the running model).
     speculation: str = "auto"
-    spec_max_draft: int = 3
+    spec_max_draft: int = 7
     # A draft model for speculation (serving/draft_model.py): a GGUF with this model's
     # vocabulary, run greedily a few tokens ahead where the context and a prediction
     # draft nothing ("" = none; the `draft_model` load option).

@@ -497,6 +497,8 @@ class EngineLoop:
         t = self.runner.last
         if t.prefill_tokens >= 32 and t.prefill_s > 0:
             self.stats.prefill_tok_per_s = t.prefill_tokens / t.prefill_s
+        if t.pass_rows and t.decode_s > 0:
+            self.speculator.costs.observe(t.pass_rows, t.decode_s)
         if t.decode_rows and t.decode_s > 0:
             self.stats.decode_tok_per_s = t.decode_rows / t.decode_s
             prev = self.stats.decode_step_s

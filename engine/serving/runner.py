@@ -34,6 +34,7 @@ class StepTimes:
     prefill_s: float = 0.0
     decode_rows: int = 0
     decode_s: float = 0.0
+    pass_rows: int = 0  # rows of the decode pass, drafts included (speculation.PassCosts)
 
 
 class Runner:
@@ -91,6 +92,7 @@ class Runner:
                 self.verified = self._accept(drafts, first, states, sampled, logits)
             times.decode_rows = len(rows) + sum(v.accepted for v in self.verified.values())
             times.decode_s = time.perf_counter() - t1
+            times.pass_rows = len(rows) + len(extra)
         self.last = times
         return sampled
 
