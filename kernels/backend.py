@@ -56,6 +56,8 @@ class Backend(ABC):
     captures_graphs: bool = False
     # The KV types (kernels/kv_types.py) its caches can store: the `kv_dtype` load option.
     kv_dtypes: tuple[str, ...] = KV_DTYPES
+    # Its attention takes `sinks` (gpt-oss); a model with sinks is refused where not.
+    attention_sinks: bool = False
 
     # ---- weights ----
 
@@ -134,7 +136,7 @@ class Backend(ABC):
     @abstractmethod
     def glu(self, gate_up: Array, d_ff: int, activation: str) -> Array:
         """act(gate) * up over a fused (n, 2F) gate/up product; activation "silu" or
-        "gelu_tanh"."""
+        "gelu_tanh", or "swiglu_oai" (gpt-oss: clamped, (up + 1) * gate * sigmoid(1.702 gate))."""
 
     @abstractmethod
     def softcap(self, x: Array, cap: float) -> Array:
@@ -168,10 +170,13 @@ class Backend(ABC):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: Array | None = None,
     ) -> Array:
         """Write k, v (T, Hkv, Dh) at positions start.. of `slot`, then causal grouped-query
         attention of q (T, H, Dh) over positions 0..start+T. `window` > 0 hides keys that
-        many or more positions behind the query. Returns (T, H * Dh)."""
+        many or more positions behind the query; `sinks` (H,), where `attention_sinks`:
+        a logit per query head added to each softmax's denominator (it takes no value).
+        Returns (T, H * Dh)."""
 
     def attention_prefill_packed(
         self,
@@ -184,6 +189,7 @@ class Backend(ABC):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: Array | None = None,
     ) -> Array:
         """Several sequences' prompt chunks stacked in rows: chunks are (slot, start, n) in
         row order, each attended as `attention_prefill` attends it alone. Only called where
@@ -203,6 +209,7 @@ class Backend(ABC):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: Array | None = None,
     ) -> Array:
         """One new position per row: row b writes k[b], v[b] at positions[b] of slots[b]
         and attends over that slot's own positions. Returns (B, H * Dh); each row

@@ -1,6 +1,6 @@
 """The arithmetic of a mixture-of-experts FFN around its expert products: routing (a
 softmax or sigmoid over each row's router logits, a stable top-k, optional
-renormalisation), grouping rows by expert, and the weighted sum of each row's k outputs.
+renormalisation; or gpt-oss's top-k of the raw logits, then a softmax over those k), grouping rows by expert, and the weighted sum of each row's k outputs.
 
 Every step is row-wise, so a row's result is the same bits alone or in any batch:
 routing runs on the host in float64 per row (ties go to the lower expert id), and the k
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-GATINGS = ("softmax", "sigmoid")
+GATINGS = ("softmax", "sigmoid", "softmax_topk")
 
 
 def route(
@@ -25,6 +25,12 @@ def route(
     if gating not in GATINGS:
         raise ValueError(f"expert gating {gating!r}: use one of {GATINGS}")
     z = np.asarray(logits, dtype=np.float64)
+    if gating == "softmax_topk":  # llama.cpp's SOFTMAX_WEIGHT: the k best logits, softmaxed
+        chosen = np.argsort(-z, axis=-1, kind="stable")[:, :n_used]
+        top = np.take_along_axis(z, chosen, axis=-1)
+        weights = np.exp(top - top[:, :1])  # the first is the largest
+        weights /= weights.sum(axis=-1, keepdims=True)
+        return chosen.astype(np.int64), (weights * scale).astype(np.float32)
     if gating == "softmax":
         probs = np.exp(z - z.max(axis=-1, keepdims=True))
         probs /= probs.sum(axis=-1, keepdims=True)

@@ -146,6 +146,20 @@ class TensorSource:
             for e in range(n_expert)
         ]
 
+    def expert_biases(self, names: list[str], n_expert: int) -> list | None:
+        """Biases of stacked expert tensors (GGUF [out, n_expert] each) as one vector per
+        expert, the names' rows one after another (gate then up: matching a fused gate/up
+        product); None when the file has none of them."""
+        present = [n for n in names if self.gf.has_tensor(n)]
+        if not present:
+            return None
+        if len(present) != len(names):
+            raise ModelLoadError(f"expert biases: {sorted(set(names) - set(present))} missing")
+        stacks = [self._f32(n).reshape(n_expert, -1) for n in names]
+        return [
+            self.backend.vector(np.concatenate([s[e] for s in stacks])) for e in range(n_expert)
+        ]
+
     def _quantized(self, name: str, cols: int) -> Weight:
         """A float matrix as Q8_0 blocks (a quarter of float32's bytes, near-lossless)."""
         q8 = GGMLQuantizationType.Q8_0

@@ -1,4 +1,5 @@
-"""One module per GGUF `general.architecture`, resolved by name with importlib."""
+"""One module per GGUF `general.architecture`, resolved by name with importlib (a dash in
+the name is an underscore in the module's: `gpt-oss` is gpt_oss.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ WEIGHT_LAYOUT_VERSION = 2
 
 
 def supported_architectures() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return sorted(
+        m.name.replace("_", "-")
+        for m in pkgutil.iter_modules(__path__)
+        if not m.name.startswith("_")
+    )
 
 
 def architecture_module(name: str):
@@ -23,4 +28,4 @@ def architecture_module(name: str):
         raise UnsupportedArchitecture(
             f"unsupported architecture {name!r}; supported: {', '.join(supported_architectures())}"
         )
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}")

@@ -47,6 +47,8 @@ class ArchSpec:
     local_rope_base: float = 0.0  # RoPE base of sliding-window layers (0: the file's base)
     attn_softcap: float = 0.0  # > 0: scores = cap * tanh(scores / cap) (gemma2-style)
     final_softcap: float = 0.0  # the same on the logits
+    attn_sinks: bool = False  # gpt-oss: a sink logit per head in each softmax, an output bias
+    ffn_norm_name: str = "ffn_norm"  # the FFN's pre-norm tensor (gpt-oss: post_attention_norm)
     # Defaults for metadata a file may omit.
     default_ctx: int = 2048
     default_rope_base: float = 10000.0
@@ -87,6 +89,7 @@ class ArchSpec:
             and not self.embedding_multiplier
             and not self.residual_multiplier
             and not self.rope_factors_long  # chosen per KV cache (models/_block.py)
+            and not self.attn_sinks
         )
 
 
@@ -152,6 +155,8 @@ class LayerWeights:
     attn_k_norm: Any = None
     post_attention_norm: Any = None  # (D,)
     post_ffw_norm: Any = None
+    attn_output_bias: Any = None  # (D,)
+    attn_sinks: Any = None  # (H,)
     # models._moe.MoeWeights: router and experts in place of the FFN (ffn_gate_up and
     # ffn_down are None then)
     moe: Any = None
@@ -167,9 +172,9 @@ class Prefill:
     def linear(self, x, w: Weight):
         return self.backend.linear_prefill(x, w)
 
-    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float, sinks):
         return self.backend.attention_prefill(
-            q, k, v, self.kv, layer, self.slot, self.start, scale, window, softcap
+            q, k, v, self.kv, layer, self.slot, self.start, scale, window, softcap, sinks
         )
 
 
@@ -193,9 +198,9 @@ class PackedPrefill:
     def linear(self, x, w: Weight):
         return self.backend.linear_prefill(x, w)
 
-    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float, sinks):
         return self.backend.attention_prefill_packed(
-            q, k, v, self.kv, layer, self.chunks, scale, window, softcap
+            q, k, v, self.kv, layer, self.chunks, scale, window, softcap, sinks
         )
 
 
@@ -208,9 +213,9 @@ class Decode:
     def linear(self, x, w: Weight):
         return self.backend.linear(x, w)
 
-    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float):
+    def attention(self, q, k, v, layer: int, scale: float, window: int, softcap: float, sinks):
         return self.backend.attention_decode(
-            q, k, v, self.kv, layer, self.slots, self.positions, scale, window, softcap
+            q, k, v, self.kv, layer, self.slots, self.positions, scale, window, softcap, sinks
         )
 
 
@@ -228,6 +233,10 @@ class DecoderModel:
         self.spec = spec = spec.for_file(gf)
         self.backend = be = source.backend
         self.hp = hp = HParams.from_gguf(gf, spec)
+        if spec.attn_sinks and not be.attention_sinks:
+            raise ModelLoadError(
+                f"{gf.architecture}: the {be.name} backend's attention has no sinks (use cpu)"
+            )
         if hp.rope_dim != hp.head_dim and not spec.partial_rope:
             raise ModelLoadError(
                 f"partial RoPE (dim {hp.rope_dim} of {hp.head_dim}) is not supported"
@@ -269,7 +278,9 @@ class DecoderModel:
                 attn_norm=source.vector(p + "attn_norm.weight") if spec.pre_norms else None,
                 attn_qkv=source.matrix(qkv_names),
                 attn_output=source.matrix(p + "attn_output.weight"),
-                ffn_norm=source.vector(p + "ffn_norm.weight") if spec.pre_norms else None,
+                ffn_norm=source.vector(p + f"{spec.ffn_norm_name}.weight")
+                if spec.pre_norms
+                else None,
                 ffn_gate_up=ffn_gate_up,
                 ffn_down=ffn_down,
                 rope=(rope_global if is_global else rope_local) if hp.has_rope(i, spec) else None,
@@ -283,6 +294,9 @@ class DecoderModel:
                 optional = spec.qk_norm == "optional"
                 layer.attn_q_norm = source.vector(p + "attn_q_norm.weight", optional)
                 layer.attn_k_norm = source.vector(p + "attn_k_norm.weight", optional)
+            if spec.attn_sinks:
+                layer.attn_sinks = source.vector(p + "attn_sinks.weight")
+                layer.attn_output_bias = source.vector(p + "attn_output.bias", optional=True)
             if moe is not None:
                 layer.moe = load_moe(source, p, moe)
             if spec.sandwich_norms:
@@ -498,8 +512,11 @@ class DecoderModel:
             k = be.rms_norm(k, layer.attn_k_norm, hp.eps)
         if layer.rope is not None:
             q, k = self._rope(q, step, layer.rope), self._rope(k, step, layer.rope)
-        attn = step.attention(q, k, v, li, self.attn_scale, layer.window, spec.attn_softcap)
+        window, sinks = layer.window, layer.attn_sinks
+        attn = step.attention(q, k, v, li, self.attn_scale, window, spec.attn_softcap, sinks)
         out = step.linear(attn, layer.attn_output)  # (n, D)
+        if layer.attn_output_bias is not None:
+            out = out + layer.attn_output_bias
         if layer.post_attention_norm is not None:
             out = be.rms_norm(out, layer.post_attention_norm, hp.eps)
         if self.residual_scale is not None:

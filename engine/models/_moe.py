@@ -27,14 +27,19 @@ from kernels.weights import Weight
 
 from ..types import ModelLoadError
 
-GATING = {1: "softmax", 2: "sigmoid"}  # GGUF `{arch}.expert_gating_func` (llama.cpp's enum)
+GATING = {
+    1: "softmax",
+    2: "sigmoid",
+    3: "softmax_topk",
+}  # GGUF `{arch}.expert_gating_func` (llama.cpp's enum)
 
 
 @dataclass(frozen=True)
 class MoeSpec:
     """What an architecture declares about its experts; defaults for keys a file omits."""
 
-    gating: str = "softmax"  # "softmax" or "sigmoid" of the router logits
+    gating: str = "softmax"  # "softmax" or "sigmoid" of the router logits; "softmax_topk":
+    # a softmax over the k chosen logits only (gpt-oss)
     norm_topk: bool = True  # the k chosen weights rescaled to sum to 1 (qwen3moe: always)
 
 
@@ -86,12 +91,17 @@ class MoeWeights:
     down: list[Weight]  # per expert (D, F)
     shared_gate_up: Weight | None = None  # ffn_{gate,up}_shexp, added unweighted
     shared_down: Weight | None = None
+    # Biases (gpt-oss): the router's (E,), and per expert its gate/up (2F,) and down (D,).
+    router_bias: Any = None
+    gate_up_bias: list | None = None
+    down_bias: list | None = None
 
     @property
     def nbytes(self) -> int:
         # An expert is a view of its layer's stacked tensor: the views' bytes are the stack's.
         matrices = [self.router, *self.gate_up, *self.down, self.shared_gate_up, self.shared_down]
-        return int(sum(w.nbytes for w in matrices if w is not None))
+        biases = [self.router_bias, *(self.gate_up_bias or ()), *(self.down_bias or ())]
+        return int(sum(w.nbytes for w in [*matrices, *biases] if w is not None))
 
     def forward(self, be, h, step, activation: str) -> Any:
         """The FFN of n normed rows h (n, D) on `step` (the block's Prefill, PackedPrefill
@@ -100,9 +110,14 @@ class MoeWeights:
 
         def expert(e: int, rows):
             gate_up = step.linear(rows, self.gate_up[e])
-            return step.linear(be.glu(gate_up, p.d_ff, activation), self.down[e])
+            if self.gate_up_bias is not None:
+                gate_up = gate_up + self.gate_up_bias[e]
+            out = step.linear(be.glu(gate_up, p.d_ff, activation), self.down[e])
+            return out if self.down_bias is None else out + self.down_bias[e]
 
         logits = step.linear(h, self.router)
+        if self.router_bias is not None:
+            logits = logits + self.router_bias
         segments = _segments(step, h.shape[0])
         out = be.mixture(h, logits, expert, segments, p.n_used, p.gating, p.norm_topk, p.scale)
         if self.shared_gate_up is not None:
@@ -139,6 +154,10 @@ def load_moe(source, prefix: str, params: MoeParams) -> MoeWeights:
     )
     if layer.router.shape[0] != E:
         raise ModelLoadError(f"{prefix}ffn_gate_inp has {layer.router.shape[0]} rows, not {E}")
+    layer.router_bias = source.vector(prefix + "ffn_gate_inp.bias", optional=True)
+    names = [prefix + f"ffn_{x}_exps.bias" for x in ("gate", "up", "down")]
+    layer.gate_up_bias = source.expert_biases(names[:2], E)
+    layer.down_bias = source.expert_biases(names[2:], E)
     if gates[0].shape[0] != params.d_ff or downs[0].shape[1] != params.d_ff:
         raise ModelLoadError(f"{prefix}experts are not {params.d_ff} wide")
     if source.has(prefix + "ffn_gate_shexp.weight"):

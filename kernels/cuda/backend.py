@@ -52,6 +52,9 @@ class CudaBackend(XpBackend):
     # attention.cu reads float32 rows only: a float16 or Q8_0 cache is refused at load
     # (DecoderModel.use_kv_dtype) until its kernels read them.
     kv_dtypes = ("f32",)
+    # attention.cu has no sink term in its softmax: a gpt-oss file is refused at load
+    # (DecoderModel) rather than computed without its sinks.
+    attention_sinks = False
 
     def __init__(self, die: int = 0):
         cupy = _import_cupy(die)
@@ -151,8 +154,21 @@ class CudaBackend(XpBackend):
     # ---- attention ----
 
     def attention_decode(
-        self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
+        self,
+        q,
+        k,
+        v,
+        kv,
+        layer,
+        slots: Sequence[int],
+        positions,
+        scale,
+        window=0,
+        softcap=0.0,
+        sinks=None,
     ):
+        if sinks is not None:
+            raise ValueError("the cuda backend's attention has no sinks")
         if q.shape[2] > cuda_kernels.define("ATT_MAX_HEAD_DIM"):  # past the kernel's shared q
             return super().attention_decode(
                 q, k, v, kv, layer, slots, positions, scale, window, softcap

@@ -97,6 +97,39 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
+# gpt-oss's SwiGLU (transformers' GptOssExperts, llama.cpp's SWIGLU_OAI): the gate clamped
+# above at 7, the up clamped to [-7, 7], out = (up + 1) * gate * sigmoid(1.702 * gate).
+SWIGLU_OAI_ALPHA = np.float32(1.702)
+SWIGLU_OAI_LIMIT = np.float32(7.0)
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    xp = array_module(gate)
+    gate = xp.minimum(gate, SWIGLU_OAI_LIMIT)
+    up = xp.clip(up, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+    with np.errstate(over="ignore") if xp is np else contextlib.nullcontext():
+        glu = gate / (np.float32(1.0) + xp.exp(-SWIGLU_OAI_ALPHA * gate))
+    return (up + np.float32(1.0)) * glu
+
+
+def gated(gate_up: np.ndarray, d_ff: int, activation: str) -> np.ndarray:
+    """The gated FFN's hidden values from a fused (n, 2F) gate/up product."""
+    gate, up = gate_up[:, :d_ff], gate_up[:, d_ff:]
+    if activation == "swiglu_oai":
+        return swiglu_oai(gate, up)
+    return ACTIVATIONS[activation](gate) * up
+
+
+def softmax_with_sinks(scores: np.ndarray, sinks) -> np.ndarray:
+    """Softmax over the last axis in place, with a per-head sink logit (gpt-oss) in each
+    denominator: sinks broadcast against scores[..., :1]. The sink takes no value."""
+    xp = array_module(scores)
+    mx = xp.maximum(scores.max(axis=-1, keepdims=True), sinks)
+    scores -= mx
+    xp.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True) + xp.exp(sinks - mx)
+    return scores
+
 
 def attend(
     q: np.ndarray,
@@ -106,11 +139,13 @@ def attend(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks=None,
 ) -> np.ndarray:
     """Causal grouped-query attention of T queries at positions start.. over the keys and
     values of positions 0..end. q: (T, H, Dh); keys/values: (Hkv, end, Dh). Query head h
     reads KV head h // (H / Hkv), as llama.cpp broadcasts GQA. `window` > 0 also hides
-    keys `window` or more positions behind the query (sliding-window layers).
+    keys `window` or more positions behind the query (sliding-window layers). `sinks`
+    (H,): a logit per query head joining each softmax's denominator (gpt-oss).
     Returns (T, H * Dh)."""
     T, H, Dh = q.shape
     Hkv, end, _ = keys.shape
@@ -128,13 +163,21 @@ def attend(
     if softcap > 0:
         scores = softcap_values(scores, softcap)
     scores[..., hidden] = -np.inf
-    softmax_inplace(scores)
+    if sinks is None:
+        softmax_inplace(scores)
+    else:
+        softmax_with_sinks(scores, sinks.reshape(Hkv, group, 1, 1))
     out = scores @ values[:, None]  # (Hkv, group, T, Dh)
     return out.transpose(2, 0, 1, 3).reshape(T, H * Dh)
 
 
 def attend_one(
-    q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float, softcap: float = 0.0
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    scale: float,
+    softcap: float = 0.0,
+    sinks=None,
 ) -> np.ndarray:
     """One query position over every key given: q (H, Dh); keys/values (Hkv, n, Dh).
     Returns (H * Dh,). The decode row's attention (no mask: the caller passes only the
@@ -145,7 +188,10 @@ def attend_one(
     scores = (qg * q.dtype.type(scale)) @ keys[:, None].transpose(0, 1, 3, 2)  # (Hkv, g, 1, n)
     if softcap > 0:
         scores = softcap_values(scores, softcap)
-    softmax_inplace(scores)
+    if sinks is None:
+        softmax_inplace(scores)
+    else:
+        softmax_with_sinks(scores, sinks.reshape(Hkv, H // Hkv, 1, 1))
     return (scores @ values[:, None]).reshape(H * Dh)
 
 
@@ -255,7 +301,7 @@ class NumpyBackend(Backend):
         return apply_rope_neox(x, cos, sin) if neox else apply_rope_interleaved(x, cos, sin)
 
     def glu(self, gate_up, d_ff: int, activation: str):
-        return ACTIVATIONS[activation](gate_up[:, :d_ff]) * gate_up[:, d_ff:]
+        return gated(gate_up, d_ff, activation)
 
     def softcap(self, x, cap: float):
         return softcap_values(x, cap)
@@ -267,13 +313,19 @@ class NumpyBackend(Backend):
     ) -> KVCache:
         return KVCache(n_layer, n_slots, n_kv_head, n_ctx, head_dim, self.dtype, kv_dtype)
 
-    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
+    attention_sinks = True
+
+    def attention_prefill(
+        self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0, sinks=None
+    ):
         end = start + q.shape[0]
         kv.write(layer, slot, start, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
         keys, values = kv.view(layer, slot, end)  # (Hkv, end, Dh)
-        return attend(q, keys, values, start, scale, window, softcap)
+        return attend(q, keys, values, start, scale, window, softcap, sinks)
 
-    def attention_prefill_packed(self, q, k, v, kv, layer, chunks, scale, window=0, softcap=0.0):
+    def attention_prefill_packed(
+        self, q, k, v, kv, layer, chunks, scale, window=0, softcap=0.0, sinks=None
+    ):
         # Chunk by chunk, the calls `attention_prefill` makes for each alone (the numpy
         # reference itself does not set packs_prefill; the compiled backend inherits this).
         parts, row = [], 0
@@ -281,14 +333,25 @@ class NumpyBackend(Backend):
             rows = slice(row, row + n)
             parts.append(
                 self.attention_prefill(
-                    q[rows], k[rows], v[rows], kv, layer, slot, start, scale, window, softcap
+                    q[rows], k[rows], v[rows], kv, layer, slot, start, scale, window, softcap, sinks
                 )
             )
             row += n
         return np.concatenate(parts)
 
     def attention_decode(
-        self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
+        self,
+        q,
+        k,
+        v,
+        kv,
+        layer,
+        slots: Sequence[int],
+        positions,
+        scale,
+        window=0,
+        softcap=0.0,
+        sinks=None,
     ):
         B, H, Dh = q.shape
         out = array_module(q).empty((B, H * Dh), dtype=q.dtype)
@@ -298,7 +361,7 @@ class NumpyBackend(Backend):
             keys, values = kv.view(layer, slot, p + 1)  # (Hkv, p + 1, Dh)
             if window > 0 and p + 1 > window:  # a sliding-window layer sees the last `window`
                 keys, values = keys[:, p + 1 - window :], values[:, p + 1 - window :]
-            out[b] = attend_one(q[b], keys, values, scale, softcap)
+            out[b] = attend_one(q[b], keys, values, scale, softcap, sinks)
         return out
 
     def to_host(self, x) -> np.ndarray:
