@@ -490,20 +490,39 @@ static int attn_get(PyObject *oq, PyObject *ok, PyObject *ov, PyObject *okc, PyO
     return 0;
 }
 
+/* The optional `sinks` argument: None (NULL), or a float32 vector of H logits. Returns 0,
+ * or -1 with the error set. */
+static int sinks_get(PyObject *os, Buf *b, Py_ssize_t H, const float **sinks) {
+    *sinks = NULL;
+    if (os == NULL || os == Py_None)
+        return 0;
+    if (get(os, b, "sinks", 1, F32, 0))
+        return -1;
+    if (dim(b, 0) != H) {
+        PyErr_Format(PyExc_ValueError, "sinks must have H=%zd entries", H);
+        return -1;
+    }
+    *sinks = (const float *)b->v.buf;
+    return 0;
+}
+
 static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"q",     "k",     "v",      "kcache",  "vcache", "layer",
-                             "slot",  "start", "scale",  "window",  "softcap", "out", NULL};
-    PyObject *oq, *ok, *ov, *okc, *ovc, *oo;
+    static char *kwlist[] = {"q",     "k",     "v",      "kcache",  "vcache",  "layer", "slot",
+                             "start", "scale", "window", "softcap", "out", "sinks", NULL};
+    PyObject *oq, *ok, *ov, *okc, *ovc, *oo, *osk = NULL;
     Py_ssize_t layer, slot, start, window;
     double scale, softcap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOnnndndO:attention_prefill", kwlist, &oq,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOnnndndO|O:attention_prefill", kwlist, &oq,
                                      &ok, &ov, &okc, &ovc, &layer, &slot, &start, &scale,
-                                     &window, &softcap, &oo))
+                                     &window, &softcap, &oo, &osk))
         return NULL;
     AttnBufs a = {0};
+    Buf sk = {0};
+    const float *sinks = NULL;
     PyObject *ret = NULL;
-    if (attn_get(oq, ok, ov, okc, ovc, oo, layer, scale, softcap, &a))
+    if (attn_get(oq, ok, ov, okc, ovc, oo, layer, scale, softcap, &a) ||
+        sinks_get(osk, &sk, dim(&a.q, 1), &sinks))
         goto done;
     const Py_ssize_t T = dim(&a.q, 0), H = dim(&a.q, 1), Dh = dim(&a.q, 2);
     const Py_ssize_t n_slots = dim(&a.kc, 1), Hkv = dim(&a.kc, 2), n_ctx = dim(&a.kc, 3);
@@ -519,7 +538,7 @@ static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *
         Py_BEGIN_ALLOW_THREADS;
         rc = cpu_attention_prefill(nt, (const float *)a.q.v.buf, (const float *)a.k.v.buf,
                                    (const float *)a.v.v.buf, &a.kv, layer, slot, start, T, H,
-                                   Hkv, Dh, (float)scale, window, (float)softcap,
+                                   Hkv, Dh, (float)scale, window, (float)softcap, sinks,
                                    (float *)a.o.v.buf);
         Py_END_ALLOW_THREADS;
         if (rc != 0) {
@@ -531,26 +550,29 @@ static PyObject *py_attention_prefill(PyObject *self, PyObject *args, PyObject *
     Py_INCREF(ret);
 done:
     attn_release(&a);
+    release(&sk);
     return ret;
 }
 
 static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"q",         "k",    "v",      "kcache",  "vcache", "layer",
+    static char *kwlist[] = {"q",         "k",     "v",      "kcache",  "vcache", "layer",
                              "slots",     "positions", "scale", "window", "softcap", "out",
-                             NULL};
-    PyObject *oq, *ok, *ov, *okc, *ovc, *os, *op, *oo;
+                             "sinks",     NULL};
+    PyObject *oq, *ok, *ov, *okc, *ovc, *os, *op, *oo, *osk = NULL;
     Py_ssize_t layer, window;
     double scale, softcap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOnOOdndO:attention_decode", kwlist, &oq, &ok,
-                                     &ov, &okc, &ovc, &layer, &os, &op, &scale, &window,
-                                     &softcap, &oo))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOnOOdndO|O:attention_decode", kwlist, &oq,
+                                     &ok, &ov, &okc, &ovc, &layer, &os, &op, &scale, &window,
+                                     &softcap, &oo, &osk))
         return NULL;
     AttnBufs a = {0};
-    Buf sl = {0}, po = {0};
+    Buf sl = {0}, po = {0}, sk = {0};
+    const float *sinks = NULL;
     PyObject *ret = NULL;
     if (attn_get(oq, ok, ov, okc, ovc, oo, layer, scale, softcap, &a) ||
-        get(os, &sl, "slots", 1, I64, 0) || get(op, &po, "positions", 1, I64, 0))
+        get(os, &sl, "slots", 1, I64, 0) || get(op, &po, "positions", 1, I64, 0) ||
+        sinks_get(osk, &sk, dim(&a.q, 1), &sinks))
         goto done;
     const Py_ssize_t B = dim(&a.q, 0), H = dim(&a.q, 1), Dh = dim(&a.q, 2);
     const Py_ssize_t n_slots = dim(&a.kc, 1), Hkv = dim(&a.kc, 2), n_ctx = dim(&a.kc, 3);
@@ -586,7 +608,7 @@ static PyObject *py_attention_decode(PyObject *self, PyObject *args, PyObject *k
         Py_BEGIN_ALLOW_THREADS;
         cpu_attention_decode(nt, (const float *)a.q.v.buf, (const float *)a.k.v.buf,
                              (const float *)a.v.v.buf, &a.kv, layer, slots, pos, B, H, Hkv, Dh,
-                             (float)scale, window, (float)softcap, (float *)a.o.v.buf);
+                             (float)scale, window, (float)softcap, sinks, (float *)a.o.v.buf);
         Py_END_ALLOW_THREADS;
     }
     ret = Py_None;
@@ -595,6 +617,7 @@ done:
     attn_release(&a);
     release(&sl);
     release(&po);
+    release(&sk);
     return ret;
 }
 
@@ -1104,14 +1127,15 @@ static PyMethodDef methods[] = {
     {"attention_prefill", (PyCFunction)(void (*)(void))py_attention_prefill,
      METH_VARARGS | METH_KEYWORDS,
      "attention_prefill(q, k, v, kcache, vcache, layer, slot, start, scale, window, softcap, "
-     "out): one sequence's prompt chunk, causal, written into the KV cache first."},
+     "out, sinks=None): one sequence's prompt chunk, causal, written into the KV cache first."},
     {"attention_decode", (PyCFunction)(void (*)(void))py_attention_decode,
      METH_VARARGS | METH_KEYWORDS,
      "attention_decode(q, k, v, kcache, vcache, layer, slots, positions, scale, window,\n"
-     "softcap, out): write each row's k/v into its slot at its position, then attend\n"
-     "(GQA, sliding window if window > 0, soft-cap if softcap > 0). q (B, H, Dh), k/v\n"
-     "(B, Hkv, Dh), caches (n_layer, n_slots, Hkv, n_ctx, Dh), slots/positions int64 (B,),\n"
-     "out (B, H * Dh); all float32 but slots/positions."},
+     "softcap, out, sinks=None): write each row's k/v into its slot at its position, then\n"
+     "attend (GQA, sliding window if window > 0, soft-cap if softcap > 0, a sink logit per\n"
+     "head in each softmax's denominator if sinks (H,)). q (B, H, Dh), k/v (B, Hkv, Dh),\n"
+     "caches (n_layer, n_slots, Hkv, n_ctx, Dh), slots/positions int64 (B,), out\n"
+     "(B, H * Dh); all float32 but slots/positions."},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_VARARGS | METH_KEYWORDS,
      "rms_norm(x, w, eps, out): out = x / sqrt(mean(x * x) + eps) * w over the last axis."},
     {"rope", (PyCFunction)(void (*)(void))py_rope, METH_VARARGS | METH_KEYWORDS,

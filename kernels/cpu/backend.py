@@ -172,6 +172,8 @@ class CpuBackend(NumpyBackend):
 
     def glu(self, gate_up, d_ff: int, activation: str):
         # Compiled (not numpy's exp/tanh), so the fused decode step's bits are these.
+        if activation not in GLU_ACTIVATIONS:  # gpt-oss's clamped SwiGLU: numpy's, row-wise
+            return super().glu(gate_up, d_ff, activation)
         gate_up = np.ascontiguousarray(gate_up, dtype=np.float32)
         out = np.empty((gate_up.shape[0], d_ff), dtype=np.float32)
         if gate_up.shape[1] != 2 * d_ff:
@@ -185,33 +187,48 @@ class CpuBackend(NumpyBackend):
         self.ext.rope(out, pos, table.cos, table.sin, bool(neox))
         return out
 
-    def _attend(self, kernel, q, k, v, kv, layer, where, scale, window, softcap):
+    def _attend(self, kernel, q, k, v, kv, layer, where, scale, window, softcap, sinks):
         """Run a compiled attention kernel (it writes k, v into the cache first)."""
         n, H, Dh = q.shape
         out = np.empty((n, H * Dh), dtype=np.float32)
         q, k, v = (np.ascontiguousarray(a, dtype=np.float32) for a in (q, k, v))
-        kernel(
-            q, k, v, kv.k, kv.v, int(layer), *where, float(scale), int(window), float(softcap), out
-        )
+        args = (q, k, v, kv.k, kv.v, int(layer), *where, float(scale), int(window))
+        if sinks is None:
+            kernel(*args, float(softcap), out)
+        else:
+            kernel(*args, float(softcap), out, np.ascontiguousarray(sinks, dtype=np.float32))
         return out
 
-    def attention_prefill(self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0):
+    def attention_prefill(
+        self, q, k, v, kv, layer, slot, start, scale, window=0, softcap=0.0, sinks=None
+    ):
         where = (int(slot), int(start))
         out = self._attend(
-            self.ext.attention_prefill, q, k, v, kv, layer, where, scale, window, softcap
+            self.ext.attention_prefill, q, k, v, kv, layer, where, scale, window, softcap, sinks
         )
         kv.note_written([int(slot)], [int(start) + q.shape[0]])
         return out
 
     def attention_decode(
-        self, q, k, v, kv, layer, slots: Sequence[int], positions, scale, window=0, softcap=0.0
+        self,
+        q,
+        k,
+        v,
+        kv,
+        layer,
+        slots: Sequence[int],
+        positions,
+        scale,
+        window=0,
+        softcap=0.0,
+        sinks=None,
     ):
         where = (
             np.ascontiguousarray(slots, dtype=np.int64),
             np.ascontiguousarray(positions, dtype=np.int64),
         )
         out = self._attend(
-            self.ext.attention_decode, q, k, v, kv, layer, where, scale, window, softcap
+            self.ext.attention_decode, q, k, v, kv, layer, where, scale, window, softcap, sinks
         )
         kv.note_written(where[0], where[1] + 1)
         return out

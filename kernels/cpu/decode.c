@@ -54,7 +54,7 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
         cpu_rope(nt, q, positions, L->cos, L->sin, B, H, Dh, m->neox);
         cpu_rope(nt, k, positions, L->cos, L->sin, B, Hkv, Dh, m->neox);
         cpu_attention_decode(nt, q, k, v, kv, li, slots, positions, B, H, Hkv, Dh, m->scale,
-                             L->window, m->softcap, attn);
+                             L->window, m->softcap, NULL, attn);
         matmul(isa, nt, &L->out, attn, B, out);
         if (L->post_attention_norm)
             cpu_rms_norm(nt, out, L->post_attention_norm, m->eps, B, D, out);

@@ -115,6 +115,18 @@ ISA_CLONES static float exp_and_sum(float *scores, int64_t n, float mx) {
     return sum;
 }
 
+/* Attention sinks (gpt-oss): a logit per query head that joins the softmax's max and its
+ * denominator and takes no value; -INFINITY for none, which leaves every bit as it was. */
+static inline float with_sink_max(float mx, float sink) { return sink > mx ? sink : mx; }
+
+static inline float with_sink_sum(float sum, float sink, float mx) {
+    return sink == -INFINITY ? sum : sum + exp_nonpositive(sink - mx);
+}
+
+static inline float sink_of(const float *sinks, int64_t h) {
+    return sinks != NULL ? sinks[h] : -INFINITY;
+}
+
 /* out = sum_t w[t] * values[t] / sum. */
 ISA_CLONES static void weighted_values(const float *w, const float *values, int64_t n,
                                        int64_t Dh, float sum, float *out) {
@@ -372,8 +384,8 @@ void cpu_glu(const float *gate_up, int64_t n, int64_t F, int act, float *out) {
 
 /* One query head over positions [lo, hi] of its KV head: keys/values (n_ctx, Dh). */
 static void attend_head(const float *q, const float *keys, const float *values, int64_t lo,
-                        int64_t hi, int64_t Dh, float scale, float softcap, float *scores,
-                        float *qs, float *out) {
+                        int64_t hi, int64_t Dh, float scale, float softcap, float sink,
+                        float *scores, float *qs, float *out) {
     for (int64_t d = 0; d < Dh; d++)
         qs[d] = q[d] * scale;
     const int64_t n = hi - lo + 1;
@@ -395,15 +407,17 @@ static void attend_head(const float *q, const float *keys, const float *values, 
         if (scores[t] > mx)
             mx = scores[t];
     }
+    mx = with_sink_max(mx, sink);
 #ifdef HAVE_AVX512_ATTENTION
     if (wide) {
         const float sum = exp_and_sum_avx512(scores, n, mx); /* exp_and_sum's bits */
-        weighted_avx512(scores, values + lo * Dh, n, Dh, sum, out);
+        weighted_avx512(scores, values + lo * Dh, n, Dh, with_sink_sum(sum, sink, mx), out);
         return;
     }
 #endif
     (void)wide;
-    weighted_values(scores, values + lo * Dh, n, Dh, exp_and_sum(scores, n, mx), out);
+    const float sum = with_sink_sum(exp_and_sum(scores, n, mx), sink, mx);
+    weighted_values(scores, values + lo * Dh, n, Dh, sum, out);
 }
 
 /* out += sum_t (w[t] * inv) * values[t]: weighted_values' sums continued over a tile of
@@ -432,8 +446,8 @@ static int64_t kv_tile_rows(int64_t Dh) {
  * scored (weighted) from there. row_bytes: one cache row. */
 static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_t *values,
                                int type, int64_t row_bytes, int64_t lo, int64_t hi,
-                               int64_t Dh, float scale, float softcap, float *scores,
-                               float *qs, float *tile, float *out) {
+                               int64_t Dh, float scale, float softcap, float sink,
+                               float *scores, float *qs, float *tile, float *out) {
     for (int64_t d = 0; d < Dh; d++)
         qs[d] = q[d] * scale;
     const int64_t n = hi - lo + 1, rows = kv_tile_rows(Dh);
@@ -459,12 +473,13 @@ static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_
         if (scores[t] > mx)
             mx = scores[t];
     }
+    mx = with_sink_max(mx, sink);
 #ifdef HAVE_AVX512_ATTENTION
     const float sum = wide ? exp_and_sum_avx512(scores, n, mx) : exp_and_sum(scores, n, mx);
 #else
     const float sum = exp_and_sum(scores, n, mx);
 #endif
-    const float inv = 1.0f / sum;
+    const float inv = 1.0f / with_sink_sum(sum, sink, mx);
 #ifdef HAVE_AVX512_ATTENTION
     if (wide) {
         kv_weighted_avx512(type, scores, values + lo * row_bytes, n, Dh, inv, out);
@@ -485,6 +500,7 @@ typedef struct {
     const uint8_t *kcache, *vcache;
     int64_t n_slots, head_stride, layer_base, H, Hkv, Dh, window, row_bytes;
     const int64_t *slots, *positions;
+    const float *sinks; /* (H,) or NULL */
     float scale, softcap;
     float *out;
     int type;
@@ -509,11 +525,11 @@ static void attn_one(void *ctx, int64_t j) {
     const uint8_t *values = a->vcache + base * a->row_bytes;
     if (narrow)
         attend_head_narrow(q, keys, values, a->type, a->row_bytes, lo, p, a->Dh, a->scale,
-                           a->softcap, scratch + a->Dh, scratch, scratch + a->Dh + (p - lo + 1),
-                           out);
+                           a->softcap, sink_of(a->sinks, h), scratch + a->Dh, scratch,
+                           scratch + a->Dh + (p - lo + 1), out);
     else
         attend_head(q, (const float *)keys, (const float *)values, lo, p, a->Dh, a->scale,
-                    a->softcap, scratch + a->Dh, scratch, out);
+                    a->softcap, sink_of(a->sinks, h), scratch + a->Dh, scratch, out);
     if (scratch != stack)
         free(scratch);
 }
@@ -521,7 +537,8 @@ static void attn_one(void *ctx, int64_t j) {
 void cpu_attention_decode(int nthreads, const float *q, const float *k, const float *v,
                           const kv_cache *kv, int64_t layer, const int64_t *slots,
                           const int64_t *positions, int64_t B, int64_t H, int64_t Hkv,
-                          int64_t Dh, float scale, int64_t window, float softcap, float *out) {
+                          int64_t Dh, float scale, int64_t window, float softcap,
+                          const float *sinks, float *out) {
     /* Offsets count rows (positions of one head); row_bytes turns them into bytes. */
     const int64_t head_stride = kv->n_ctx, row_bytes = kv_row_bytes(kv->type, Dh);
     const int64_t layer_base = layer * kv->n_slots * Hkv * head_stride;
@@ -540,8 +557,8 @@ void cpu_attention_decode(int nthreads, const float *q, const float *k, const fl
     attn_job job = {.q = q, .kcache = kcache, .vcache = vcache, .n_slots = kv->n_slots,
                     .head_stride = head_stride, .layer_base = layer_base, .H = H, .Hkv = Hkv,
                     .Dh = Dh, .window = window, .row_bytes = row_bytes, .slots = slots,
-                    .positions = positions, .scale = scale, .softcap = softcap, .out = out,
-                    .type = kv->type};
+                    .positions = positions, .sinks = sinks, .scale = scale,
+                    .softcap = softcap, .out = out, .type = kv->type};
     const int nt = (double)B * (double)H * (double)longest * (double)Dh < 32768.0 ? 1 : nthreads;
     pool_run(nt, B * H, attn_one, &job);
 }
@@ -566,6 +583,7 @@ typedef struct {
     const float *q;
     const uint8_t *kbase, *vbase; /* this layer and slot's head 0 */
     int64_t T, start, H, Hkv, Dh, R, n_blocks, head_stride, window, row_bytes;
+    const float *sinks; /* (H,) or NULL */
     float scale, softcap;
     float *out;
     int wide, failed, type;
@@ -803,12 +821,14 @@ static void prefill_one(void *ctx, int64_t jx) {
     for (int64_t i = 0; i < nq; i++) {
         float *s = w[i] + lo[i];
         const int64_t n = hi[i] - lo[i] + 1;
+        const float sink = sink_of(a->sinks, g * G + i % G);
         if (a->softcap > 0.f)
             for (int64_t t = 0; t < n; t++)
                 s[t] = a->softcap * tanhf(s[t] / a->softcap);
 #ifdef HAVE_AVX512_ATTENTION
         if (a->wide) {
-            inv[i] = 1.0f / exp_and_sum_avx512(s, n, max_avx512(s, n));
+            const float mx = with_sink_max(max_avx512(s, n), sink);
+            inv[i] = 1.0f / with_sink_sum(exp_and_sum_avx512(s, n, mx), sink, mx);
             continue;
         }
 #endif
@@ -816,7 +836,8 @@ static void prefill_one(void *ctx, int64_t jx) {
         for (int64_t t = 0; t < n; t++)
             if (s[t] > mx)
                 mx = s[t];
-        inv[i] = 1.0f / exp_and_sum(s, n, mx);
+        mx = with_sink_max(mx, sink);
+        inv[i] = 1.0f / with_sink_sum(exp_and_sum(s, n, mx), sink, mx);
     }
 
     /* Pass 3: weighted values. */
@@ -871,7 +892,7 @@ static void prefill_one(void *ctx, int64_t jx) {
 int cpu_attention_prefill(int nthreads, const float *q, const float *k, const float *v,
                           const kv_cache *kv, int64_t layer, int64_t slot, int64_t start,
                           int64_t T, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                          int64_t window, float softcap, float *out) {
+                          int64_t window, float softcap, const float *sinks, float *out) {
     if (T <= 0)
         return 0;
     /* Offsets count rows (positions of one head); row_bytes turns them into bytes. */
@@ -904,7 +925,8 @@ int cpu_attention_prefill(int nthreads, const float *q, const float *k, const fl
                        .type = kv->type, .T = T,
                        .start = start, .H = H, .Hkv = Hkv, .Dh = Dh, .R = R,
                        .n_blocks = n_blocks, .head_stride = head_stride, .window = window,
-                       .scale = scale, .softcap = softcap, .out = out, .wide = wide,
+                       .sinks = sinks, .scale = scale, .softcap = softcap, .out = out,
+                       .wide = wide,
                        .failed = 0};
     const int nt =
         (double)T * (double)H * (double)(start + T) * (double)Dh < 32768.0 ? 1 : nthreads;

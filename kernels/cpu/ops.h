@@ -9,11 +9,13 @@
 #include "kv.h"
 
 /* kv: the cache (kv.h), rows of any KV type; q (B, H, Dh); k, v (B, Hkv, Dh); out
- * (B, H * Dh). Writes row b's k/v at its slot and position, then attends. */
+ * (B, H * Dh). Writes row b's k/v at its slot and position, then attends. sinks: NULL,
+ * or a logit per query head (H,) in each softmax's denominator (gpt-oss). */
 void cpu_attention_decode(int nthreads, const float *q, const float *k, const float *v,
                           const kv_cache *kv, int64_t layer, const int64_t *slots,
                           const int64_t *positions, int64_t B, int64_t H, int64_t Hkv,
-                          int64_t Dh, float scale, int64_t window, float softcap, float *out);
+                          int64_t Dh, float scale, int64_t window, float softcap,
+                          const float *sinks, float *out);
 
 /* One sequence's prompt chunk: q (T, H, Dh), k/v (T, Hkv, Dh) at positions start ..
  * start + T - 1 of `slot`, written into the caches first; row t attends causally over
@@ -23,7 +25,7 @@ void cpu_attention_decode(int nthreads, const float *q, const float *k, const fl
 int cpu_attention_prefill(int nthreads, const float *q, const float *k, const float *v,
                           const kv_cache *kv, int64_t layer, int64_t slot, int64_t start,
                           int64_t T, int64_t H, int64_t Hkv, int64_t Dh, float scale,
-                          int64_t window, float softcap, float *out);
+                          int64_t window, float softcap, const float *sinks, float *out);
 
 void cpu_rms_norm(int nthreads, const float *x, const float *w, float eps, int64_t n, int64_t D,
                   float *out);
