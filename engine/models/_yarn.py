@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..types import ModelLoadError
 
 
@@ -39,11 +37,12 @@ def yarn_factors(
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # as transformers: no division by zero
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
-    keep = 1.0 - ramp  # the extrapolated (unscaled) share of each frequency
-    scale = (1.0 - keep) / factor + keep  # inv_freq times this
+    divisors = []
+    for i in range(dim // 2):
+        keep = 1.0 - min(max((i - low) / (high - low), 0.0), 1.0)  # the unscaled share
+        divisors.append(1.0 / ((1.0 - keep) / factor + keep))  # inv_freq times 1 / this
     attn = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    return tuple(float(1.0 / s) for s in scale), attn
+    return tuple(divisors), attn
 
 
 def read_yarn(gf, truncate: bool = True) -> dict:
