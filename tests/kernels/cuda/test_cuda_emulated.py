@@ -231,6 +231,14 @@ def cuda_backend(cp):
     return CudaBackend(0)
 
 
+def test_the_cuda_backend_refuses_attention_sinks(cuda_backend):
+    # attention.cu's softmax has no sink term: gpt-oss is a load error, never wrong logits.
+    from engine.types import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="sinks"):
+        load("tiny-gptoss.gguf", cuda_backend)
+
+
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_the_cuda_backend_computes_what_xp_computes_on_numpy(cp, cuda_backend, name):
     ours, ref = load(name, cuda_backend), load(name, XpBackend(np))
