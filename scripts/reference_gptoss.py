@@ -11,8 +11,9 @@ keys: 4 layers (even ones see a sliding window of 8 positions, odd ones everythi
 hidden 64, 4 query / 2 KV heads of 32, attention sinks, q/k/v/o biases, 8 experts of
 width 96 with biases, top-4 routing (softmax over the chosen 4 logits, with a router
 bias), the clamped SwiGLU (the expert gate/up weights are scaled so the clamps at 7 bite),
-YaRN RoPE (factor 8 over an original context of 512, base 150000). Matrices (embedding,
-attention, experts, output) are Q8_0, the router, biases, sinks and norms F32. The
+YaRN RoPE (factor 8 over an original context of 512, base 150000). The experts are MXFP4
+(as real gpt-oss files store them), the other matrices (embedding, attention, output)
+Q8_0, the router, biases, sinks and norms F32. The
 vocabulary and chat template are those of tiny-moe (SmolLM2's first 8192 tokens,
 scripts/reference_moe.py).
 
@@ -91,10 +92,12 @@ def random_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 def stored(name: str, array: np.ndarray) -> tuple[np.ndarray, Q]:
-    """The tensor as the file stores it: vectors, biases, sinks and the router F32,
-    matrices Q8_0."""
+    """The tensor as the file stores it: vectors, biases, sinks and the router F32, the
+    experts MXFP4, other matrices Q8_0."""
     if array.ndim == 1 or name.endswith((".bias", "ffn_gate_inp.weight")):
         return array, Q.F32
+    if name.endswith("_exps.weight"):
+        return quantize(array, Q.MXFP4), Q.MXFP4
     return quantize(array, Q.Q8_0), Q.Q8_0
 
 
@@ -120,7 +123,7 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], vocab: dict) -> dict[
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(ROPE["factor"])
     w.add_rope_scaling_orig_ctx_len(ROPE["orig_ctx"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(vocab["tokens"])
@@ -280,7 +283,7 @@ def main() -> None:
     entry = {
         "gguf": NAME,
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "weights": "Q8_0 matrices (experts stacked); F32 router, biases, sinks and norms",
+        "weights": "MXFP4 experts (stacked), Q8_0 other matrices; F32 router, biases, sinks, norms",
         "reference": "transformers GptOssForCausalLM, float32, eager attention and experts",
         "window": WINDOW,
         "yarn_attention_factor": round(0.1 * math.log(ROPE["factor"]) + 1.0, 7),

@@ -1186,7 +1186,7 @@ PyMODINIT_FUNC PyInit__cpu(void) {
         return NULL;
     }
     static const int qts[] = {QT_F32,  QT_F16,  QT_Q4_0, QT_Q4_1, QT_Q5_0, QT_Q5_1,
-                              QT_Q8_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_BF16};
+                              QT_Q8_0, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_BF16, QT_MXFP4};
     for (size_t i = 0; i < sizeof(qts) / sizeof(qts[0]); i++) {
         PyObject *v = PyLong_FromLong(qts[i]);
         if (v == NULL || PyDict_SetItemString(q, qt_name(qts[i]), v) != 0) {

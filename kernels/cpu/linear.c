@@ -21,6 +21,7 @@ const char *qt_name(int qt) {
     case QT_Q5_K: return "Q5_K";
     case QT_Q6_K: return "Q6_K";
     case QT_BF16: return "BF16";
+    case QT_MXFP4: return "MXFP4";
     default: return NULL;
     }
 }
@@ -42,6 +43,7 @@ int qt_tsize(int qt) {
     case QT_Q5_0: return 22;
     case QT_Q5_1: return 24;
     case QT_Q8_0: return 34;
+    case QT_MXFP4: return 17;
     case QT_Q4_K: return 144;
     case QT_Q5_K: return 176;
     case QT_Q6_K: return 210;
@@ -106,6 +108,16 @@ static inline __attribute__((always_inline)) void gen_chunk(const int qt, const 
         const float d = fp16_to_f32(rd16(b));
         for (int i = 0; i < 32; i++)
             w[i] = (float)(int8_t)b[2 + i] * d;
+        break;
+    }
+    case QT_MXFP4: { /* e2m1 codes, doubled, times the halved E8M0 scale: exact products */
+        static const int8_t kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        const uint8_t *b = row + c * 17;
+        const float d = e8m0_to_f32_half(b[0]);
+        for (int i = 0; i < 16; i++) {
+            w[i] = d * (float)kvalues[b[1 + i] & 15];
+            w[i + 16] = d * (float)kvalues[b[1 + i] >> 4];
+        }
         break;
     }
     case QT_Q4_K:
@@ -233,6 +245,7 @@ GEN_TYPE(q6_k, QT_Q6_K)
 GEN_TYPE(f32, QT_F32)
 GEN_TYPE(f16, QT_F16)
 GEN_TYPE(bf16, QT_BF16)
+GEN_TYPE(mxfp4, QT_MXFP4)
 
 #define SFX(name) name##_generic
 static linear_rows_fn SFX(linear_for)(int qt) {
@@ -248,6 +261,7 @@ static linear_rows_fn SFX(linear_for)(int qt) {
     case QT_Q4_K: return gen_rows_q4_k;
     case QT_Q5_K: return gen_rows_q5_k;
     case QT_Q6_K: return gen_rows_q6_k;
+    case QT_MXFP4: return gen_rows_mxfp4;
     default: return NULL;
     }
 }
@@ -264,6 +278,7 @@ static dequant_row_fn SFX(dequant_for)(int qt) {
     case QT_Q4_K: return gen_deq_q4_k;
     case QT_Q5_K: return gen_deq_q5_k;
     case QT_Q6_K: return gen_deq_q6_k;
+    case QT_MXFP4: return gen_deq_mxfp4;
     default: return NULL;
     }
 }
@@ -515,26 +530,29 @@ int cpu_best_isa(void) {
     return ISA_GENERIC;
 }
 
+/* A type without a SIMD kernel (MXFP4) runs the portable one at every ISA. */
 linear_rows_fn linear_kernel(int isa, int qt) {
+    linear_rows_fn fn = NULL;
 #ifdef PANTHEON_X86
     if (isa == ISA_AVX512)
-        return linear_for_avx512(qt);
+        fn = linear_for_avx512(qt);
     if (isa == ISA_AVX2)
-        return linear_for_avx2(qt);
+        fn = linear_for_avx2(qt);
 #endif
     (void)isa;
-    return linear_for_generic(qt);
+    return fn != NULL ? fn : linear_for_generic(qt);
 }
 
 dequant_row_fn dequant_kernel(int isa, int qt) {
+    dequant_row_fn fn = NULL;
 #ifdef PANTHEON_X86
     if (isa == ISA_AVX512)
-        return dequant_for_avx512(qt);
+        fn = dequant_for_avx512(qt);
     if (isa == ISA_AVX2)
-        return dequant_for_avx2(qt);
+        fn = dequant_for_avx2(qt);
 #endif
     (void)isa;
-    return dequant_for_generic(qt);
+    return fn != NULL ? fn : dequant_for_generic(qt);
 }
 
 /* Rows go to threads in fixed chunks of whole row groups (pool.h); each output element

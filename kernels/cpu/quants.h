@@ -24,7 +24,8 @@ enum {
     QT_Q5_K = 13,
     QT_Q6_K = 14,
     QT_BF16 = 30,
-    QT_MAX = 31
+    QT_MXFP4 = 39,
+    QT_MAX = 40
 };
 
 enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_COUNT = 3 };
@@ -102,6 +103,15 @@ static inline float fp16_to_f32(uint16_t h) {
  * kernels broadcast a block's scale straight from memory instead of converting it. */
 extern float f16_table[65536];
 void f16_table_init(void);
+
+/* MXFP4's E8M0 block scale halved (its e2m1 values are stored doubled): 2^(e - 128),
+ * built in the bits as gguf-py's e8m0_to_fp32_half does (subnormal for e < 2). */
+static inline float e8m0_to_f32_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;

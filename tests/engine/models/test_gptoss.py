@@ -1,7 +1,8 @@
 """gpt-oss (engine/models/gpt_oss.py) against a float32 transformers reference
 (tests/reference/tiny/tiny_gptoss_f32.json, scripts/reference_gptoss.py): attention sinks,
 biases, alternating sliding-window (8) and full layers with prompts past the window, the
-clamped SwiGLU, softmax over the top-k router logits, YaRN RoPE. Logits within 1e-2,
+clamped SwiGLU, softmax over the top-k router logits, YaRN RoPE, MXFP4 experts. Logits
+within 1e-2,
 greedy identical where the reference's margin allows, on every backend that has sinks;
 decode rows bitwise the same alone or batched; packed prefill bitwise each chunk alone;
 a backend without sinks refuses the file."""
@@ -111,7 +112,9 @@ def test_the_file_s_parts_are_read(cpu_model):
     gate_b = gf.load_f32("blk.1.ffn_gate_exps.bias").reshape(8, 96)
     up_b = gf.load_f32("blk.1.ffn_up_exps.bias").reshape(8, 96)
     np.testing.assert_array_equal(moe.gate_up_bias[3], np.concatenate([gate_b[3], up_b[3]]))
-    assert moe.down[5].storage == "Q8_0" and not moe.down[5].data.flags.owndata
+    # The experts are MXFP4 blocks, multiplied in place by the compiled kernel.
+    assert moe.down[5].storage == "MXFP4" and not moe.down[5].data.flags.owndata
+    assert cpu_model.fallback_types == {}
     # YaRN: the file's factor 8 over an original context of 512 (cos and sin scaled).
     assert cpu_model.spec.rope_attn_factor == pytest.approx(0.1 * math.log(8.0) + 1.0)
 

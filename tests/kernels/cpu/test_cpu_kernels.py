@@ -27,7 +27,7 @@ ISAS = _cpu.supported_isas()
 FLOAT_TYPES = {"F32", "F16", "BF16"}
 K_QUANTS = {"Q4_K", "Q5_K", "Q6_K"}
 # gguf-py quantises these itself; the K-quants it only dequantises (random blocks then).
-GGUF_QUANTISES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16"}
+GGUF_QUANTISES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16", "MXFP4"}
 
 
 def f16_bytes(values: np.ndarray) -> np.ndarray:
@@ -103,6 +103,7 @@ def test_module_reports_its_types_isa_and_threads():
         "Q5_K": 13,
         "Q6_K": 14,
         "BF16": 30,
+        "MXFP4": 39,
     }
     for name, qt in QTYPES.items():
         assert int(GGMLQuantizationType[name]) == qt
