@@ -2,10 +2,9 @@
 (tests/reference/tiny/tiny_gptoss_f32.json, scripts/reference_gptoss.py): attention sinks,
 biases, alternating sliding-window (8) and full layers with prompts past the window, the
 clamped SwiGLU, softmax over the top-k router logits, YaRN RoPE, MXFP4 experts. Logits
-within 1e-2,
-greedy identical where the reference's margin allows, on every backend that has sinks;
-decode rows bitwise the same alone or batched; packed prefill bitwise each chunk alone;
-a backend without sinks refuses the file."""
+within 1e-2, greedy identical where the reference's margin allows, on every backend that
+has sinks; decode rows bitwise the same alone or batched; packed prefill bitwise each
+chunk alone; a backend without sinks refuses the file."""
 
 from __future__ import annotations
 
