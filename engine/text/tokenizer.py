@@ -38,11 +38,22 @@ _QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k (gpt-4o, gpt-oss, llama4): cased words keep their case-run shape, contractions
+# ride on the word, digits in threes, punctuation runs may take trailing newlines or "/".
+_GPT4O_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLIT_PATTERNS = {"llama3": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN, "gpt4o": _GPT4O_PATTERN}
 _PRE_FAMILIES = {
     "gpt2": ("gpt2", "gpt-2", "default", "phi-2", "mpt", "olmo", "jais", "roberta-bpe"),
     "digits_gpt2": ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"),
     "llama3": ("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"),
     "qwen2": ("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan"),
+    "gpt4o": ("gpt-4o", "llama4"),
 }
 PRE_TOKENIZER_FAMILY = {name: family for family, names in _PRE_FAMILIES.items() for name in names}
 # llama.cpp turns on ignore_merges (and a default add_bos) for these only, not dbrx/smaug.
@@ -92,7 +103,7 @@ def _make_pre_tokenizer(pre: str) -> tuple[Any, bool]:
         # llama.cpp splits every \p{N} alone first, then applies the GPT-2 regex.
         digits = pre_tokenizers.Digits(individual_digits=True)
         return pre_tokenizers.Sequence([digits, byte_level]), False
-    pattern = _LLAMA3_PATTERN if family == "llama3" else _QWEN2_PATTERN
+    pattern = _SPLIT_PATTERNS[family]
     split = pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False)
     bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     # llama.cpp (and HF's tokenizer.json) look a whole llama3 word up before merging.

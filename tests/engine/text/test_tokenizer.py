@@ -192,6 +192,32 @@ def test_llama3_and_qwen2_attach_one_punctuation_char_to_a_word():
         assert split == ["(ab", "'s", "Ġab", "ĊĊ", "Ġx"], pre
 
 
+def test_gpt4o_splits_case_runs_keeps_contractions_and_groups_digits_by_three():
+    # o200k's pre-tokenizer (gpt-oss, `tokenizer.ggml.pre` "gpt-4o"), by its regex's
+    # alternatives: upper* lower+ with a contraction, digits in threes, newlines
+    # together, a lone space before a non-space.
+    tok = tiny_vocab("gpt-4o")
+    text = "Hello World's CamelCase HTTPServer 12345 a/b\n\n  x"
+    split = [w for w, _ in tok.hf.pre_tokenizer.pre_tokenize_str(text)]
+    byte = {c: b for b, c in bytes_to_unicode().items()}
+    words = [bytes(byte[c] for c in w).decode() for w in split]
+    assert words == [
+        "Hello",
+        " World's",
+        " Camel",
+        "Case",
+        " HTTPServer",
+        " ",
+        "123",
+        "45",
+        " a",
+        "/b",  # a word may take one leading non-letter
+        "\n\n",
+        " ",
+        " x",
+    ]
+
+
 def test_an_unknown_pre_tokenizer_falls_back_to_gpt2_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         tok = tiny_vocab("no-such-pre", ["1 2"])
