@@ -530,7 +530,7 @@ int cpu_best_isa(void) {
     return ISA_GENERIC;
 }
 
-/* A type without a SIMD kernel (MXFP4) runs the portable one at every ISA. */
+/* A type without a SIMD kernel at an ISA runs the portable one. */
 linear_rows_fn linear_kernel(int isa, int qt) {
     linear_rows_fn fn = NULL;
 #ifdef PANTHEON_X86

@@ -63,6 +63,31 @@ AI void SFX(chunk_q4_0)(const uint8_t *row, int64_t c, vf *w, int exact, const k
     SFX(affine)(w, d, d, 0.f, 0.f, 0, exact);
 }
 
+/* MXFP4: 16 e2m1 codes (low nibbles, then high), doubled, times the halved E8M0 scale:
+ * exact products, so the fused and the exact decodes are the same values. */
+AI void SFX(chunk_mxfp4)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
+                       const int u) {
+    (void)st;
+    (void)u;
+    const uint8_t *b = row + c * 17;
+    const float d = e8m0_to_f32_half(b[0]);
+#ifdef PERM16
+    const __m512 kv = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 6.f, 8.f, 12.f, 0.f, -1.f, -2.f,
+                                     -3.f, -4.f, -6.f, -8.f, -12.f);
+    const __m512i v = _mm512_cvtepu8_epi32(LD128(b + 1));
+    const __m512 t = _mm512_mul_ps(kv, VSET1(d));
+    w[0] = _mm512_permutexvar_ps(v, t);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t);
+    (void)exact;
+#else
+    const __m128i kv = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i q = LD128(b + 1), m4 = _mm_set1_epi8(0x0f);
+    CVT16S(_mm_shuffle_epi8(kv, _mm_and_si128(q, m4)), w);
+    CVT16S(_mm_shuffle_epi8(kv, _mm_and_si128(_mm_srli_epi16(q, 4), m4)), w + NV / 2);
+    SFX(affine)(w, d, d, 0.f, 0.f, 0, exact);
+#endif
+}
+
 AI void SFX(chunk_q4_1)(const uint8_t *row, int64_t c, vf *w, int exact, const kstate *st,
                       const int u) {
     (void)st;
@@ -493,6 +518,7 @@ DEF_TYPE(q6_k, 0, none, 8, q6_k, 1)
 DEF_TYPE(f32, 1, f32, 1, none, 1)
 DEF_TYPE(f16, 1, f16, 1, none, 1)
 DEF_TYPE(bf16, 1, bf16, 1, none, 1)
+DEF_TYPE(mxfp4, 0, none, 1, none, 1)
 
 #ifdef BF16DOT
 /* The bfloat16 product (opt-in: PANTHEON_ACTIVATIONS=bfloat16; AVX-512 BF16 CPUs only).
@@ -594,6 +620,7 @@ DEF_BF(q6_k, 0, none, 8, q6_k, 1)
 DEF_BF(f32, 1, f32, 1, none, 1)
 DEF_BF(f16, 1, f16, 1, none, 1)
 DEF_BF(bf16, 1, bf16, 1, none, 1)
+DEF_BF(mxfp4, 0, none, 1, none, 1)
 
 static linear_bf_rows_fn SFX(linear_bf_for)(int qt) {
     switch (qt) {
@@ -608,6 +635,7 @@ static linear_bf_rows_fn SFX(linear_bf_for)(int qt) {
     case QT_Q4_K: return SFX(rowsbf_q4_k);
     case QT_Q5_K: return SFX(rowsbf_q5_k);
     case QT_Q6_K: return SFX(rowsbf_q6_k);
+    case QT_MXFP4: return SFX(rowsbf_mxfp4);
     default: return NULL;
     }
 }
@@ -629,6 +657,7 @@ static linear_rows_fn SFX(linear_for)(int qt) {
     case QT_Q4_K: return SFX(rows_q4_k);
     case QT_Q5_K: return SFX(rows_q5_k);
     case QT_Q6_K: return SFX(rows_q6_k);
+    case QT_MXFP4: return SFX(rows_mxfp4);
     default: return NULL;
     }
 }
@@ -646,6 +675,7 @@ static dequant_row_fn SFX(dequant_for)(int qt) {
     case QT_Q4_K: return SFX(deq_q4_k);
     case QT_Q5_K: return SFX(deq_q5_k);
     case QT_Q6_K: return SFX(deq_q6_k);
+    case QT_MXFP4: return SFX(deq_mxfp4);
     default: return NULL;
     }
 }

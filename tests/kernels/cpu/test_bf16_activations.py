@@ -107,12 +107,8 @@ def test_a_cpu_without_bf16_stays_float32_and_says_so(caplog):
         _cpu.set_activations("float32")
 
 
-# Types with no bfloat16 kernel: their products stay float32 under bfloat16 activations.
-FLOAT32_ONLY = {"MXFP4"}
-
-
 @needs_bf16
-@pytest.mark.parametrize("name", sorted(set(QTYPES) - FLOAT32_ONLY))
+@pytest.mark.parametrize("name", sorted(QTYPES))
 def test_linear_is_the_bfloat16_product(bf16, name):
     rng = np.random.default_rng(7)
     for k in ks_for(name):
@@ -133,19 +129,6 @@ def test_linear_is_the_bfloat16_product(bf16, name):
     f32_out = np.empty_like(bf_out)
     _cpu.linear(QTYPES[name], w, x, f32_out)
     assert not np.array_equal(bf_out, f32_out), name
-
-
-@needs_bf16
-@pytest.mark.parametrize("name", sorted(FLOAT32_ONLY))
-def test_a_type_without_a_bfloat16_kernel_keeps_the_float32_product(bf16, name):
-    rng = np.random.default_rng(8)
-    w = make_weights(name, 8, 576, rng)
-    x = rng.standard_normal((4, 576)).astype(np.float32)
-    bf_out, f32_out = np.empty((4, 8), np.float32), np.empty((4, 8), np.float32)
-    _cpu.linear(QTYPES[name], w, x, bf_out)
-    _cpu.set_activations("float32")
-    _cpu.linear(QTYPES[name], w, x, f32_out)
-    assert np.array_equal(bf_out, f32_out), name
 
 
 @needs_bf16
