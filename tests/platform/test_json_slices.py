@@ -42,24 +42,23 @@ def test_the_bytes_are_json_responses_bytes():
 
 def test_another_thread_runs_while_a_large_answer_is_encoded():
     ids = list(range(2_000_000))  # ~230 ms in one json.dumps call
-    gaps: list[float] = []
+    ticks: list[float] = []
     done = threading.Event()
 
     def ticker():
-        last = time.perf_counter()
         while not done.is_set():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
+            time.sleep(0.001)  # each wake-up needs the GIL
+            ticks.append(time.perf_counter())
 
     thread = threading.Thread(target=ticker)
     thread.start()
     time.sleep(0.05)
     started = time.perf_counter()
     dumps_in_slices({"tokens": ids})
-    took = time.perf_counter() - started
+    ended = time.perf_counter()
     done.set()
     thread.join()
-    # The ticker kept ticking: no stall near the whole encoding's length.
-    assert max(gaps) < max(0.05, took / 3), (max(gaps), took)
+    # One json.dumps call lets the ticker in about once (it cannot wake without the GIL);
+    # sliced, it gets in every switch interval (5 ms): dozens of times, even on a busy host.
+    during = sum(started < t < ended for t in ticks)
+    assert during >= 10, (during, ended - started)
