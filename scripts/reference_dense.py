@@ -7,7 +7,7 @@ scripts/reference_dense.py`). For each architecture it builds a small random-wei
 transformers model (hidden 64; Q8_0 or F16 matrices), writes it as a GGUF with that
 architecture's real tensor names and metadata keys (as llama.cpp's converter lays them
 out: llama-style Q/K rows permuted for interleaved RoPE, Gemma's norms with the +1, Phi-3's
-fused qkv and gate/up) and SmolLM2's vocabulary (the tokenizer metadata of
+fused qkv and gate/up; an untied output for olmo2) and SmolLM2's vocabulary (the tokenizer metadata of
 tests/reference/tiny/tiny-qwen3.gguf), reads the GGUF back, puts every dequantised
 weight into the transformers model and records its float32 logits: per-position argmax
 and max logit over each prompt, the last position's top-5, 24 greedy steps with their
@@ -111,8 +111,9 @@ def arch_smollm3():
 
 
 def arch_olmo2():
+    # Untied, as every OLMo 2 checkpoint: llama.cpp's olmo2 requires output.weight.
     cfg = tf.Olmo2Config(
-        **COMMON,
+        **COMMON | {"tie_word_embeddings": False},
         intermediate_size=160,
         num_hidden_layers=2,
         rms_norm_eps=1e-6,
@@ -254,9 +255,10 @@ def randomise(model, arch: str, seed: int) -> None:
             elif name.endswith("norm.weight"):
                 base = 0.0 if arch == "gemma2" else 1.0
                 p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
+            elif "embed_tokens" in name or name == "lm_head.weight":
                 # Small, so that a token's own row does not dominate the residual stream
-                # (tied output: the input token would win every position).
+                # (tied output: the input token would win every position); an untied
+                # output at the same scale spreads the logits as much.
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
@@ -287,6 +289,8 @@ def name_map(cfg, names) -> dict:
         "model.embed_tokens.weight": "token_embd.weight",
         "model.norm.weight": "output_norm.weight",
     }
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = "output.weight"
     for i in range(cfg.num_hidden_layers):
         out.update(names(i))
     return out
@@ -296,7 +300,9 @@ def write_gguf(
     path: Path, arch: str, cfg, state: dict, names: dict, keys: dict, matrix_type, extra: dict
 ) -> None:
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch} (random weights, test only)")
+    # Not the architecture's name: llama.cpp reads a name with "phi3" in it as Phi-3's
+    # vocabulary (it looks up "</s>"), and these files carry SmolLM2's.
+    w.add_name("tiny random-weight test model")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -398,7 +404,7 @@ def build(arch: str, seed: int) -> dict:
         hf: torch.from_numpy(from_gguf_value(hf, stored[g], arch, cfg).reshape(state[hf].shape))
         for hf, g in names.items()
     }
-    if "lm_head.weight" in model.state_dict():
+    if cfg.tie_word_embeddings and "lm_head.weight" in model.state_dict():
         new_state["lm_head.weight"] = new_state["model.embed_tokens.weight"]
     missing, unexpected = model.load_state_dict(new_state, strict=False)
     assert not unexpected and all(m == "lm_head.weight" or "rotary" in m for m in missing), (

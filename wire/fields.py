@@ -21,7 +21,7 @@ from django.conf import settings
 
 from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.openapi import nullable
-from pantheon_platform.strict_json import INT64_BOUND, json_kind
+from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS, json_kind
 
 # One free-form text of a request (a message's content, a tool's description, a call's
 # arguments, a description that only rides along): at most this many characters, whether
@@ -329,3 +329,19 @@ class Object(Kind):
     def schema(self) -> dict:
         extra = {} if self.additional is None else {"additionalProperties": self.additional}
         return self.table.schema(**extra)
+
+
+def stop_strings(value: object, path: str) -> tuple[str, ...]:
+    """A `stop` member (Ollama's options.stop, llama.cpp's stop): one string or at most
+    MAX_STOP_STRINGS of them, each at most IDENTIFIER_MAX characters; empty ones dropped."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise invalid_request(f"{path}: expected an array of strings", path)
+    if len(value) > MAX_STOP_STRINGS:
+        raise invalid_request(f"{path}: at most {MAX_STOP_STRINGS} strings", path)
+    if any(len(s) > IDENTIFIER_MAX for s in value):
+        raise invalid_request(
+            f"{path}: a string may have at most {IDENTIFIER_MAX} characters", path
+        )
+    return tuple(s for s in value if s)

@@ -262,7 +262,7 @@ class EngineLoop:
             log.exception("%s: a forward pass failed", self.name)
             self._fail(batch, GenerationFailed(f"generation failed: {type(exc).__name__}"))
             return
-        self._note_times()
+        _note_times(self.runner.last, self.stats, self.speculator.costs)
         self._trim_due = True
         with self.lock:
             events = self.scheduler.update(batch, sampled)
@@ -493,16 +493,17 @@ class EngineLoop:
         self._deliver(events)
         self.keeper.clear()  # kept prefixes are the first to go
 
-    def _note_times(self) -> None:
-        t = self.runner.last
-        if t.prefill_tokens >= 32 and t.prefill_s > 0:
-            self.stats.prefill_tok_per_s = t.prefill_tokens / t.prefill_s
-        if t.pass_rows and t.decode_s > 0:
-            self.speculator.costs.observe(t.pass_rows, t.decode_s)
-        if t.decode_rows and t.decode_s > 0:
-            self.stats.decode_tok_per_s = t.decode_rows / t.decode_s
-            prev = self.stats.decode_step_s
-            self.stats.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s
+
+def _note_times(t, stats, costs) -> None:
+    """A step's StepTimes into the engine's rates and the speculator's PassCosts."""
+    if t.prefill_tokens >= 32 and t.prefill_s > 0:
+        stats.prefill_tok_per_s = t.prefill_tokens / t.prefill_s
+    if t.pass_rows and t.decode_s > 0:
+        costs.observe(t.pass_rows, t.decode_s)
+    if t.decode_rows and t.decode_s > 0:
+        stats.decode_tok_per_s = t.decode_rows / t.decode_s
+        prev = stats.decode_step_s
+        stats.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s
 
 
 def _timings(ch: _Choice) -> dict[str, float]:

@@ -243,14 +243,15 @@ class Drafter:
 
 class PassCosts:
     """What a decode pass of r rows costs on this model and machine (a moving average of
-    the loop's measured passes), and so how many rows a step should verify at most: the
-    r whose cost per row is lowest. A longer draft than that loses even when every token
-    of it is accepted (on SmolLM2 Q4_1, 2 cores: 8 rows ~3.0x one row, 9 rows ~4.3x).
-    The row count one past the best is tried when unmeasured, and again every
-    PROBE_EVERY-th step (one slow pass on a busy host must not rule it out for good)."""
+    the loop's measured passes), and so how many rows a step may verify: up to the first
+    row count past the cheapest that is known to cost more per row (on SmolLM2 Q4_1 on
+    2 cores: 8 rows ~3.0x one row, 9 rows ~4.3x, as the 8-row tile starts over). Counts
+    not measured yet are allowed, so drafts grow until a dear count is met; every
+    PROBE_EVERY-th step is uncapped, so one slow pass on a busy host is measured again
+    rather than ruling its count out for good."""
 
     PROBE_EVERY = 32
-    TOLERANCE = 1.1  # within this of the lowest cost per row, more rows are preferred
+    TOLERANCE = 1.1  # within this of the lowest cost per row, a count is as good
 
     def __init__(self, max_rows: int):
         self.max_rows = max_rows
@@ -264,16 +265,13 @@ class PassCosts:
     def best_rows(self) -> int:
         """The most rows a pass should have (at least 1, at most max_rows)."""
         self._asked += 1
-        if not self.seconds:
+        if not self.seconds or self._asked % self.PROBE_EVERY == 0:
             return self.max_rows
         per_row = {r: t / r for r, t in self.seconds.items()}
         cheapest = min(per_row.values())
         best = max(r for r, c in per_row.items() if c <= cheapest * self.TOLERANCE)
-        if best < self.max_rows and (
-            best + 1 not in self.seconds or self._asked % self.PROBE_EVERY == 0
-        ):
-            return best + 1
-        return min(best, self.max_rows)
+        dear = min((r for r in per_row if r > best), default=self.max_rows + 1)
+        return min(dear - 1, self.max_rows)
 
 
 class Speculator:

@@ -319,9 +319,14 @@ def gemma3_tokenizer(gemma3_path) -> Tokenizer:
 
 def test_the_tokenizer_lets_go_of_the_gil(smollm2_tokenizer):
     text = "hello world " * 200_000
+    started = time.perf_counter()
     ids, longest = in_a_thread(lambda: smollm2_tokenizer.encode(text))
+    took = time.perf_counter() - started
     assert len(ids) > 100_000
-    assert longest < LATENCY_BOUND_S, f"tokenizing held the GIL {longest * 1000:.0f} ms"
+    # Holding the GIL, the longest tick would be the whole encoding (~0.5 s). On a loaded
+    # 2-core host a tick can also wait ~0.2 s for a core, so the bound grows with the run.
+    bound = max(LATENCY_BOUND_S, took / 3)
+    assert longest < bound, f"tokenizing held the GIL {longest * 1000:.0f} of {took * 1000:.0f} ms"
 
 
 TEXTS = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300) | st.text(

@@ -90,6 +90,7 @@ def running_server(
     bind: str = "127.0.0.1",
     daphne_args: list[str] | None = None,
     app: str = "pantheon_site.asgi:application",
+    probe_while_loading: bool = False,
     **env_extra: str,
 ) -> Iterator[Server]:
     """Yield a Server once every model in `models` (or the names in `wait_for`) is loaded;
@@ -97,7 +98,7 @@ def running_server(
     a second server on the same data dir loads what the first had loaded instead. `bind`:
     Daphne's -b (the server is still reached through 127.0.0.1); `daphne_args`: more of
     Daphne's options (e.g. ["-v", "2"]); `app`: the ASGI application Daphne serves (a
-    test's wrapper around the server's)."""
+    test's wrapper around the server's); `probe_while_loading`: see _wait_until_loaded."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "pantheon_site.settings",
@@ -124,7 +125,7 @@ def running_server(
         )
     srv = Server(f"http://127.0.0.1:{port}", proc, log)
     try:
-        _wait_until_loaded(srv, list(models) if wait_for is None else wait_for)
+        _wait_until_loaded(srv, list(models) if wait_for is None else wait_for, probe_while_loading)
         yield srv
     finally:
         proc.terminate()
@@ -140,7 +141,10 @@ def _loaded_since(srv: Server, names: list[str]) -> bool:
     return all(health["models"].get(name) == "loaded" for name in names)
 
 
-def _wait_until_loaded(srv: Server, names: list[str]) -> None:
+def _wait_until_loaded(srv: Server, names: list[str], probe: bool) -> None:
+    """Poll GET / until `names` are loaded. With `probe`, the first health check that
+    lists a model still loading is followed by a chat (Server.chat_while_loading): off by
+    default, since that chat is answered (and metered) when the load ends meanwhile."""
     deadline = time.monotonic() + LOAD_TIMEOUT_S
     while time.monotonic() < deadline:
         if srv.proc.poll() is not None:
@@ -156,7 +160,7 @@ def _wait_until_loaded(srv: Server, names: list[str]) -> None:
         if "failed" in states:
             pytest.fail(f"a model failed to load: {health}\n{srv.log_tail()}")
         # Nothing listed yet: the loader is still reading the model list from the database.
-        if srv.health_while_loading is None and health["models"]:
+        if probe and srv.health_while_loading is None and health["models"]:
             srv.health_while_loading = health
             srv.chat_while_loading = httpx.post(
                 srv.url + "/v1/chat/completions", json={"messages": PROBE}, timeout=10

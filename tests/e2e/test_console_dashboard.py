@@ -127,11 +127,13 @@ def test_the_console_index_charts_live_traffic_and_a_load_in_progress(tmp_path, 
                 # The usage table, read once the held load is over: while a load was held
                 # the row could stay at the first request's count for over a minute (one
                 # CI run in three, cause not found: see the session note of issue 15).
-                # KNOWN BUG (open, see the closing note of 2026-12-03): in full-suite runs
-                # the usage row sometimes stays below 3 requests for a minute, or counts
-                # more completion tokens than the responses reported (18 vs 16); alone the
-                # test passes. Recorded as an expected failure when it happens, so the
-                # rest of the dashboard stays checked; the bug stays open.
+                # In full-suite runs the usage row sometimes did not show 3 requests, or
+                # counted more completion tokens than the responses reported (18 vs 16);
+                # alone the test passed. A likely cause was the harness's own chat sent
+                # while the models loaded (answered, and metered, when the load ended
+                # meanwhile on a busy host): no longer sent here (probe_while_loading).
+                # Until a full run shows it gone it is recorded as an expected failure,
+                # so the rest of the dashboard stays checked.
                 try:
                     page.wait_for_function(
                         """(model) => [...document.querySelectorAll('#dashboard-usage tr')]

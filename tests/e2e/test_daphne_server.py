@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_path):
-    with running_server(tmp_path_factory.mktemp("pantheon-data"), {MODEL: smollm2_path}) as srv:
+    data = tmp_path_factory.mktemp("pantheon-data")
+    with running_server(data, {MODEL: smollm2_path}, probe_while_loading=True) as srv:
         yield srv
 
 

@@ -18,7 +18,8 @@ from rest_framework import serializers
 
 from engine import ContextOverBudget, TooManyTokens
 from pantheon_platform.chat_http import off_loop, turn_deadline
-from pantheon_platform.errors import invalid_request, json_response
+from pantheon_platform.errors import invalid_request
+from pantheon_platform.json_slices import sliced_json_response
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.strict_json import (
@@ -127,4 +128,4 @@ async def embeddings(request: HttpRequest, call: RouteCall) -> HttpResponse:
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
     # Off the event loop: a large batch's vectors are megabytes of JSON.
-    return await asyncio.to_thread(lambda: json_response(body()))
+    return await asyncio.to_thread(lambda: sliced_json_response(body()))

@@ -13,7 +13,8 @@ from django.http import HttpRequest, HttpResponse
 from rest_framework import serializers
 
 from pantheon_platform.chat_http import off_loop, turn_deadline
-from pantheon_platform.errors import invalid_request, json_response
+from pantheon_platform.errors import invalid_request
+from pantheon_platform.json_slices import sliced_json_response
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import get_runtime
 from pantheon_platform.strict_json import (
@@ -96,7 +97,7 @@ def _view(serializer_class, work, what: str):
         note(request, model=name)
         # Rendered on the worker too: a 30 MB text's ids are ~8 MB of JSON, whose encoding
         # on the event loop would stall every stream.
-        return await off_loop(deadline, lambda: json_response(work(svc, data)))
+        return await off_loop(deadline, lambda: sliced_json_response(work(svc, data)))
 
     view.__name__ = what
     return view

@@ -15,7 +15,18 @@ from dataclasses import dataclass
 from engine import MAX_TOKENS_CLAMP, ContextOverBudget, SamplingParams, TooManyTokens
 from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX, MAX_STOP_STRINGS
-from wire.fields import TEXT_MAX, Array, Boolean, Field, Integer, Number, Object, Shape, String
+from wire.fields import (
+    TEXT_MAX,
+    Array,
+    Boolean,
+    Field,
+    Integer,
+    Number,
+    Object,
+    Shape,
+    String,
+    stop_strings,
+)
 from wire.fields import Table as _Table
 
 # llama-server's documented defaults for /completion.
@@ -49,19 +60,6 @@ def _prompt(value: object, path: str) -> str | tuple[int, ...]:
     )
 
 
-def _stop(value: object, path: str) -> tuple[str, ...]:
-    """At most MAX_STOP_STRINGS strings (empty ones dropped)."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid_request(f"{path}: expected an array of strings", path)
-    if len(value) > MAX_STOP_STRINGS:
-        raise invalid_request(f"{path}: at most {MAX_STOP_STRINGS} strings", path)
-    if any(len(s) > IDENTIFIER_MAX for s in value):
-        raise invalid_request(f"{path}: a stop string has at most {IDENTIFIER_MAX} characters")
-    return tuple(s for s in value if s)
-
-
 MAX_EXTRA_CHUNKS = 64
 
 
@@ -91,7 +89,7 @@ COMMON = _Table(
     Field("presence_penalty", Number(-2, 2), default=DEFAULTS["presence_penalty"]),
     Field("frequency_penalty", Number(-2, 2), default=DEFAULTS["frequency_penalty"]),
     Field("seed", Integer(), description="-1 (or absent): a random seed."),
-    Field("stop", Array(String(IDENTIFIER_MAX), MAX_STOP_STRINGS, reader=_stop), default=()),
+    Field("stop", Array(String(IDENTIFIER_MAX), MAX_STOP_STRINGS, reader=stop_strings), default=()),
     Field("stream", Boolean(), default=False),
     Field("cache_prompt", Boolean(), description="Accepted; prefix caching is automatic."),
 )

@@ -43,6 +43,7 @@ from wire.fields import (
     Shape,
     String,
     Table,
+    stop_strings,
 )
 from wire.ollama.conversation import MESSAGE, TOOL, conversation, refuse_images, tools
 
@@ -158,20 +159,6 @@ def _think(value: object, path: str) -> bool:
     )
 
 
-def _stop(value: object, path: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid_request(f"{path}: expected an array of strings", path)
-    if len(value) > MAX_STOP_STRINGS:
-        raise invalid_request(f"{path}: at most {MAX_STOP_STRINGS} strings", path)
-    if any(len(s) > IDENTIFIER_MAX for s in value):
-        raise invalid_request(
-            f"{path}: a string may have at most {IDENTIFIER_MAX} characters", path
-        )
-    return tuple(s for s in value if s)
-
-
 # --- the tables ----------------------------------------------------------------------
 
 _STRING = String()
@@ -204,7 +191,7 @@ OPTIONS = Table(
                     Array(_IDENT, max_items=MAX_STOP_STRINGS).schema(),
                 ]
             },
-            _stop,
+            stop_strings,
         ),
         default=(),
     ),

@@ -24,6 +24,7 @@ from pantheon_platform.chat_http import (
 )
 from pantheon_platform.discovery import discovered, load_if_discovered
 from pantheon_platform.errors import ApiError, json_response, method_not_allowed
+from pantheon_platform.json_slices import sliced_json_response
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import LOADING, build_id, get_runtime
 from pantheon_platform.strict_json import parse_json_object
@@ -216,7 +217,7 @@ async def _embed(request: HttpRequest, *, legacy: bool) -> HttpResponse:
             "prompt_eval_count": sum(len(ids) for ids in lists),
         }
     # Off the event loop: a large batch's vectors are megabytes of JSON.
-    return await asyncio.to_thread(lambda: json_response(body()))
+    return await asyncio.to_thread(lambda: sliced_json_response(body()))
 
 
 def _token_lists(svc, parsed: parse.EmbedRequest) -> list[list[int]]:
