@@ -136,7 +136,8 @@ class Backend(ABC):
     @abstractmethod
     def glu(self, gate_up: Array, d_ff: int, activation: str) -> Array:
         """act(gate) * up over a fused (n, 2F) gate/up product; activation "silu" or
-        "gelu_tanh", or "swiglu_oai" (gpt-oss: clamped, (up + 1) * gate * sigmoid(1.702 gate))."""
+        "gelu_tanh"; or "swiglu_oai" (gpt-oss: gate and up clamped, then
+        (up + 1) * gate * sigmoid(1.702 gate))."""
 
     @abstractmethod
     def softcap(self, x: Array, cap: float) -> Array:

@@ -1,6 +1,7 @@
 """The arithmetic of a mixture-of-experts FFN around its expert products: routing (a
 softmax or sigmoid over each row's router logits, a stable top-k, optional
-renormalisation; or gpt-oss's top-k of the raw logits, then a softmax over those k), grouping rows by expert, and the weighted sum of each row's k outputs.
+renormalisation; or gpt-oss's top-k of the raw logits, then a softmax over those k),
+grouping rows by expert, and the weighted sum of each row's k outputs.
 
 Every step is row-wise, so a row's result is the same bits alone or in any batch:
 routing runs on the host in float64 per row (ties go to the lower expert id), and the k

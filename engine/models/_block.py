@@ -235,7 +235,8 @@ class DecoderModel:
         self.hp = hp = HParams.from_gguf(gf, spec)
         if spec.attn_sinks and not be.attention_sinks:
             raise ModelLoadError(
-                f"{gf.architecture}: the {be.name} backend's attention has no sinks (use cpu)"
+                f"{gf.architecture}: the {be.name} backend's attention has no sinks "
+                "(the cpu and numpy backends have them)"
             )
         if hp.rope_dim != hp.head_dim and not spec.partial_rope:
             raise ModelLoadError(

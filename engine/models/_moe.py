@@ -27,11 +27,8 @@ from kernels.weights import Weight
 
 from ..types import ModelLoadError
 
-GATING = {
-    1: "softmax",
-    2: "sigmoid",
-    3: "softmax_topk",
-}  # GGUF `{arch}.expert_gating_func` (llama.cpp's enum)
+# GGUF `{arch}.expert_gating_func` (llama.cpp's enum; 3 is its SOFTMAX_WEIGHT)
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_topk"}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Attention sinks (gpt-oss) in the compiled attention: a logit per query head joins each
 softmax's denominator and takes no value. Prefill and decode, every KV type, windows,
 head sizes the AVX-512 attention takes (Dh 64, where the CPU has it) and ones it does not
-(Dh 24: the portable loops): within float32 rounding of the numpy reference (kernels/reference/backend.py), a
-decode row the same bits alone or batched, and no sinks leaves the old bits."""
+(Dh 24: the portable loops): within float32 rounding of the numpy reference
+(kernels/reference/backend.py), a decode row the same bits alone or batched, and no
+sinks leaves the old bits."""
 
 from __future__ import annotations
 
