@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """llama.cpp's logits on the tiny GGUFs: the second, independent reference for each file
 of a float32 transformers reference (the first: scripts/reference_moe.py's
-tiny_moe_f32.json, scripts/reference_dense.py's tiny_dense_f32.json).
+tiny_moe_f32.json, scripts/reference_dense.py's tiny_dense_f32.json,
+scripts/reference_gptoss.py's tiny_gptoss_f32.json).
 
     LLAMA_CPP_LIB_PATH=DIR PYTHONPATH=LLAMA_CPP_PYTHON_SRC \\
-        python scripts/reference_llamacpp.py {moe,dense} [--out tests/reference/tiny]
+        python scripts/reference_llamacpp.py {moe,dense,gptoss} [--out tests/reference/tiny]
 
 reads tiny_<set>_f32.json and writes tiny_<set>_llamacpp.json. Needs llama-cpp-python's
 `llama_cpp` package (its ctypes bindings; it imports `diskcache`) and the libllama built
@@ -111,7 +112,7 @@ def main() -> None:
     import llama_cpp
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("set", choices=["moe", "dense"], help="which tiny_<set>_f32.json")
+    ap.add_argument("set", choices=["moe", "dense", "gptoss"], help="which tiny_<set>_f32.json")
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "reference" / "tiny")
     args = ap.parse_args()
     f32 = json.loads((args.out / f"tiny_{args.set}_f32.json").read_text("utf-8"))

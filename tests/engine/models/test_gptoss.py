@@ -8,6 +8,7 @@ chunk alone; a backend without sinks refuses the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -16,9 +17,10 @@ import numpy as np
 import pytest
 
 from engine.loading.gguf_file import GGUFFile
-from engine.models import architecture_module, supported_architectures
+from engine.models import architecture_module, gpt_oss, supported_architectures
+from engine.models._block import load_decoder
 from engine.models._moe import MoeParams
-from engine.models._yarn import yarn_factors
+from engine.models._yarn import read_yarn, yarn_factors
 from engine.types import ModelLoadError
 from kernels import get_backend
 from kernels.moe import route
@@ -161,3 +163,24 @@ def test_yarn_factors_keep_the_fast_frequencies_and_divide_the_slow_ones():
     # transformers' default), so more dimensions are whole-kept or whole-divided.
     rounded, _ = yarn_factors(32, 150000.0, 8.0, 512, truncate=True)
     assert sum(f in (1.0, 8.0) for f in rounded) >= sum(f in (1.0, 8.0) for f in factors)
+
+
+def test_with_llama_cpp_s_yarn_rounding_it_computes_llama_cpp_s_function():
+    """The second reference (`scripts/reference_llamacpp.py gptoss`): llama.cpp reads the
+    file as gpt-oss (its tensor names and keys) and, on the file's F32 copy, computes what
+    the engine computes once the engine rounds YaRN's ramp ends to whole dimensions as
+    llama.cpp does. transformers' gpt-oss config (and OpenAI's own code) does not round,
+    and the engine follows it: that one difference moves these logits by up to ~2.7."""
+    ref = json.loads((TINY / "tiny_gptoss_llamacpp.json").read_text("utf-8"))["models"][0]
+    assert hashlib.sha256(PATH.read_bytes()).hexdigest() == ref["sha256"]
+    spec = dataclasses.replace(gpt_oss.SPEC, read_file=lambda gf: read_yarn(gf, truncate=True))
+    model = load_decoder(GGUFFile(PATH), spec, backend=_cpu())
+    for case in ref["f32_weights_cases"]:
+        prompt = case["prompt_ids"]
+        logits = model.forward(
+            np.asarray(prompt), 0, model.make_kv_cache(1, 64), 0, all_logits=True
+        )
+        np.testing.assert_allclose(logits.max(-1), case["per_position_max_logit"], atol=1e-3)
+        assert logits.argmax(-1).tolist() == case["per_position_argmax"]
+        top5 = logits[-1][case["last_logits_top5_ids"]]
+        np.testing.assert_allclose(top5, case["last_logits_top5"], atol=1e-3)
