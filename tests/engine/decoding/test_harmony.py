@@ -244,3 +244,59 @@ def test_a_rendered_call_parses_back():
     parser.push(content)
     parser.finish()
     assert [(c.name, c.arguments) for c in parser.calls] == [("get_weather", WEATHER)]
+
+
+# --- through ChoiceOutput, token by token (a byte-level tokenizer spells the markup) ---
+
+
+def choice_output(tokenizer, tools=TOOLS, compelled=False):
+    from engine.decoding.output import ChoiceOutput
+    from engine.decoding.sampler import Sampler
+    from engine.decoding.state import DecodeState
+    from engine.types import GenerationRequest, SamplingParams
+
+    request = GenerationRequest(
+        request_id="r",
+        prompt_ids=(1,),
+        harmony=True,
+        tool_dialect=HARMONY_DIALECT if tools else None,
+        tools=tuple(tools),
+        tool_compelled=compelled,
+    )
+    return ChoiceOutput(request, 0, tokenizer, DecodeState(Sampler(SamplingParams())))
+
+
+def generate(out, tokenizer, text: str, ended: bool):
+    events = [out.push(t)[0] for t in tokenizer.encode(text)]
+    events.append(out.finish(ended_by_model=ended))
+    events = [e for e in events if e is not None]
+    reasoning = "".join(e.reasoning for e in events)
+    content = "".join(e.text for e in events)
+    deltas = [d for e in events for d in e.tool_calls]
+    return reasoning, content, deltas
+
+
+def test_choice_output_splits_a_harmony_answer(smollm2_tokenizer):
+    out = choice_output(smollm2_tokenizer, tools=())
+    reasoning, content, deltas = generate(out, smollm2_tokenizer, ANALYSIS + FINAL, True)
+    assert (reasoning, content, deltas) == ("The user asks for 2+2. Easy: 4.", ANSWER, [])
+    assert out.reasoning_tokens > 0
+    assert out.finish_reason("stop") == "stop"
+
+
+def test_choice_output_turns_a_call_the_model_ended_into_tool_calls(smollm2_tokenizer):
+    # The model's <|call|> is its end of turn: never in the text, `ended_by_model` says so.
+    out = choice_output(smollm2_tokenizer)
+    reasoning, content, deltas = generate(out, smollm2_tokenizer, ANALYSIS + CALL, True)
+    assert reasoning == "The user asks for 2+2. Easy: 4." and content == ""
+    assert [type(d) for d in deltas] == [CallOpened, ArgumentsDelta]
+    assert [(c.name, c.arguments) for c in out.parsed_calls] == [("get_weather", WEATHER)]
+    assert out.finish_reason("stop") == "tool_calls"
+
+
+def test_choice_output_leaves_a_call_cut_by_the_limit_incomplete(smollm2_tokenizer):
+    out = choice_output(smollm2_tokenizer)
+    generate(out, smollm2_tokenizer, ANALYSIS + CALL, False)
+    assert out.parsed_calls == ()
+    assert [e.code for e in out.call_errors] == ["incomplete_call"]
+    assert out.finish_reason("length") == "length"
