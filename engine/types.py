@@ -129,6 +129,9 @@ class GenerationRequest:
     # prompt itself opened the block (the answer starts inside it).
     think_style: bool = False
     think_open: bool = False
+    # Harmony (gpt-oss): the answer is messages on channels (decoding/harmony.py), split
+    # into reasoning, content and tool calls.
+    harmony: bool = False
     reasoning_budget: int = 0  # reasoning tokens before `</think>` is forced; <= 0: none
     # response_format: the compiled plan (response_format.ConstraintPlan) or None, and the
     # status to report when the request sent one (None: it did not).

@@ -238,6 +238,7 @@ def prepare_turn(svc, turn: Turn, options: ChatOptions | None = None) -> Prepare
         priority=turn.priority,
         think_style=prompts.think_style and not raw,  # a raw prompt's answer is plain text
         think_open=think_open,
+        harmony=prompts.harmony and not raw,
         reasoning_budget=reasoning_budget(turn, svc.config.reasoning_budget),
         constraint=plan,
         format_status=format_status,

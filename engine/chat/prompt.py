@@ -4,11 +4,12 @@ llama.cpp tokenizes a completion prompt. CPU work only: no engine, no KV."""
 
 from __future__ import annotations
 
+from ..decoding.harmony import is_harmony_template
 from ..decoding.reasoning import is_think_template, thinking_prompt_suffix
 from ..text.chat_template import ChatTemplate, normalize_messages
 from ..text.tokenizer import Tokenizer, TooManyTokens
 from ..tools.dialects import dialect_for
-from ..tools.prompt import with_tools
+from ..tools.prompt import for_template, with_tools
 
 
 class PromptBuilder:
@@ -33,11 +34,16 @@ class PromptBuilder:
         return is_think_template(self.template.source)
 
     @property
+    def harmony(self) -> bool:
+        """The model writes harmony messages (gpt-oss): the answer is split by channel."""
+        return self.architecture == "gpt-oss" or is_harmony_template(self.template.source)
+
+    @property
     def tool_dialect(self):
         """The tool-call dialect this model writes (tool_dialects.dialect_for): BOS is
         added when the template spells `bos_token` or the tokenizer prepends it."""
         adds_bos = self.tokenizer.add_bos or "bos_token" in self.template.source
-        return dialect_for(self.model_name, self.architecture, adds_bos)
+        return dialect_for(self.model_name, self.architecture, adds_bos, self.harmony)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         return self.prepare_chat(messages)[0]
@@ -51,11 +57,14 @@ class PromptBuilder:
     ) -> tuple[list[int], bool]:
         """The prompt ids, and whether the answer starts inside a think block. With a
         think-style template, `enable_thinking` opens the block or prefills a closed one.
-        With a tool `dialect`, the tools and the history's tool turns are rendered in it."""
-        if dialect is not None:
-            messages = with_tools(messages, tools or [], dialect)
+        With a tool `dialect`, the tools and the history's tool turns are rendered in it,
+        or given to a harmony template, which renders them itself."""
         think = self.think_style
-        extra = {"enable_thinking": enable_thinking} if think else {}
+        extra: dict = {"enable_thinking": enable_thinking} if think else {}
+        if self.harmony:
+            messages, extra["tools"] = for_template(messages, tools or [])
+        elif dialect is not None:
+            messages = with_tools(messages, tools or [], dialect)
         text = self.template.render(
             normalize_messages(messages), add_generation_prompt=True, **extra
         )

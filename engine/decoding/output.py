@@ -2,7 +2,7 @@
 
 Each generated token goes: detokenizer (whole UTF-8 characters) -> stop strings (held
 back while they may be starting) -> the think-block splitter (reasoning vs answer, for
-think-style templates) -> the tool-call parser (when tools are offered: call markup is
+think-style templates; by channel for harmony ones) -> the tool-call parser (when tools are offered: call markup is
 held back until it is known to be a call or text, never shown as content) -> a
 TokenEvent carrying the texts, the tool-call deltas and the token's logprobs.
 Alongside: the reasoning budget (forces `</think>` after N reasoning tokens), the grammar
@@ -19,6 +19,7 @@ from ..text.tokenizer import Tokenizer
 from ..tools.dialects import ArgumentsDelta, CallOpened, TextDelta
 from ..types import GenerationRequest, TokenEvent, TokenLogprob
 from .constraints import check_output_async
+from .harmony import HarmonySplitter
 from .reasoning import THINK_CLOSE, ReasoningBudget, ReasoningSplitter
 from .repetition import LoopDetector
 from .sampler import Sample
@@ -44,12 +45,14 @@ class ChoiceOutput:
         self.state = state
         self.detok = tokenizer.detokenizer()
         self.stops = StopStringBuffer(params.stop)
-        self.splitter = (
-            ReasoningSplitter(started_inside=request.think_open) if request.think_style else None
-        )
+        self.splitter: ReasoningSplitter | HarmonySplitter | None = None
+        if request.think_style:
+            self.splitter = ReasoningSplitter(started_inside=request.think_open)
+        elif request.harmony:
+            self.splitter = HarmonySplitter()
         self.budget = (
             ReasoningBudget(request.reasoning_budget, tokenizer.encode(f"\n{THINK_CLOSE}\n\n"))
-            if self.splitter is not None and request.reasoning_budget > 0
+            if request.think_style and request.reasoning_budget > 0
             else None
         )
         self.loop = LoopDetector()
@@ -120,7 +123,10 @@ class ChoiceOutput:
         reasoning, content = "", text
         if self.splitter is not None:
             r1, c1 = self.splitter.push(text)
-            r2, c2 = self.splitter.flush()
+            if isinstance(self.splitter, HarmonySplitter):
+                r2, c2 = self.splitter.flush(ended_by_model)
+            else:
+                r2, c2 = self.splitter.flush()
             reasoning, content = r1 + r2, c1 + c2
         close = ended_by_model and self.request.tool_compelled
         content, calls = self._parse_calls(content, final=True, close_open_call=close)

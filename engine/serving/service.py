@@ -247,6 +247,11 @@ class ModelService:
         return self.prompts.think_style
 
     @property
+    def harmony(self) -> bool:
+        """The model writes harmony (gpt-oss): it always reasons, on its analysis channel."""
+        return self.prompts.harmony
+
+    @property
     def tool_dialect(self):
         """The tool-call dialect this model writes (tool_dialects.dialect_for)."""
         return self.prompts.tool_dialect

@@ -25,8 +25,18 @@ TOKEN_BYTE = 6  # SentencePiece byte-fallback pieces, spelled <0xAB>
 
 SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 
-# Texts that end a turn for the chat formats we know, beyond the model's own eos.
-END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>")
+# Texts that end a turn for the chat formats we know, beyond the model's own eos. Harmony
+# (gpt-oss) ends a turn with <|return|> (the answer) or <|call|> (a tool call); its
+# <|end|> only ends one message of the turn, as llama.cpp has it.
+END_OF_TURN_TEXTS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|return|>",
+    "<|call|>",
+)
 
 # Pre-tokenizer regexes, per llama.cpp's llama-vocab.cpp grouping of `tokenizer.ggml.pre`.
 # Written as the original HF tokenizer.json patterns (Oniguruma understands `(?i:...)`).

@@ -46,6 +46,40 @@ def with_tools(messages: list[dict], tools: list[ToolSpec], dialect: Dialect) ->
     return out
 
 
+def for_template(messages: list[dict], tools: list[ToolSpec]) -> tuple[list[dict], list[dict]]:
+    """(messages, tools) for a template that renders tools and tool turns itself
+    (harmony): the tools as OpenAI entries, each assistant call in a message of its own
+    (the gpt-oss template renders only a message's first call) with its arguments as an
+    object, `reasoning_content` as the template's `thinking`, results as text."""
+    out: list[dict] = []
+    for message in messages:
+        m = dict(message)
+        if m.get("role") == "tool" and not isinstance(m.get("content"), str | list):
+            m["content"] = json.dumps(m.get("content"))
+        calls = m.pop("tool_calls", None) if m.get("role") == "assistant" else None
+        if not calls:
+            out.append(m)
+            continue
+        reasoning = m.pop("reasoning_content", None)
+        if isinstance(reasoning, str) and reasoning:
+            m["thinking"] = reasoning  # the template refuses content and thinking both
+            m.pop("content", None)
+        for i, call in enumerate(calls):
+            name, arguments = _call_of(call)
+            one = m if i == 0 else {"role": "assistant", "content": ""}
+            entry = {"name": name, "arguments": arguments}
+            one["tool_calls"] = [{"id": call.get("id"), "type": "function", "function": entry}]
+            out.append(one)
+    listed = [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in tools
+    ]
+    return out, listed
+
+
 def _call_of(call: dict) -> tuple[str, dict]:
     """(name, arguments) of an OpenAI tool call; arguments arrive as a JSON string."""
     function = call.get("function") if isinstance(call, dict) else None
@@ -70,7 +104,10 @@ def call_plan(dialect: Dialect, tools: list[dict], only: str | None = None, opti
     `optional` ("auto"): free text, and a call held to the grammar once its opener
     appears (XML dialects; None for the JSON dialect, whose calls are not masked).
     A compelled XML call may end where only its closing tags are missing (the output
-    appends them: ChoiceOutput.finish)."""
+    appends them: ChoiceOutput.finish). None for a dialect the template renders
+    (harmony): its calls are parsed, not masked."""
+    if dialect.renders_in_template:
+        return None
     tags = getattr(dialect, "tags", None)
     if tags is not None:
         return tool_call_plan(tools, only, optional=optional, tags=tags, closable=not optional)

@@ -353,7 +353,7 @@ def model_info(svc, verbose: bool = False) -> dict:
 
 def capabilities(svc) -> list[str]:
     caps = ["completion", "tools"]
-    if svc.think_style:
+    if svc.think_style or svc.harmony:
         caps.append("thinking")
     return caps
 

@@ -133,7 +133,8 @@ async def _turn(request: HttpRequest, *, chat: bool) -> HttpResponse:
     await load_if_discovered(parsed.model)  # a model on disk (PANTHEON_DISCOVER)
     name, svc = resolve(parsed.model)
     _check_window(parsed, svc)
-    if parsed.enable_thinking and not svc.think_style and parsed.raw_prompt is None:
+    thinks = svc.think_style or svc.harmony
+    if parsed.enable_thinking and not thinks and parsed.raw_prompt is None:
         raise ApiError(  # Ollama's answer too: nothing would think
             400,
             f'think: model "{parsed.model}" does not support thinking (its chat template '

@@ -141,6 +141,9 @@ class Dialect:
     """How one family of models is told about tools, writes calls and reads results."""
 
     name: str = ""
+    # The chat template renders the tools and the tool turns itself (harmony): the
+    # prompt gives it them structured instead of this dialect's texts.
+    renders_in_template: bool = False
 
     def system_text(self, tools: list[ToolSpec]) -> str:
         """Instructions, the tools' JSON schemas and the call syntax, for the system turn."""
