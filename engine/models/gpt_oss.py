@@ -12,8 +12,8 @@ an underscore). What differs from qwen3moe:
 - YaRN RoPE (`rope.scaling.*`), NeoX rotation, no QK-norm; the FFN's pre-norm is stored
   as `post_attention_norm`.
 
-Real files store the experts as MXFP4; the chat template is the file's own (jinja). The
-"harmony" reasoning channels it emits are not mapped to reasoning output here.
+Real files store the experts as MXFP4; the chat template is the file's own (jinja), and
+the "harmony" channels of its answers are split by engine/decoding/harmony.py.
 """
 
 from __future__ import annotations
