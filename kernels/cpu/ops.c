@@ -127,6 +127,19 @@ static inline float sink_of(const float *sinks, int64_t h) {
     return sinks != NULL ? sinks[h] : -INFINITY;
 }
 
+/* Soft-capping in place (softcap > 0), then the largest score joined with the sink: the
+ * softmax's max as decode attention takes it (a NaN score is skipped, as `s > mx` does). */
+static float capped_max(float *scores, int64_t n, float softcap, float sink) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < n; t++) {
+        if (softcap > 0.f)
+            scores[t] = softcap * tanhf(scores[t] / softcap);
+        if (scores[t] > mx)
+            mx = scores[t];
+    }
+    return with_sink_max(mx, sink);
+}
+
 /* out = sum_t w[t] * values[t] / sum. */
 ISA_CLONES static void weighted_values(const float *w, const float *values, int64_t n,
                                        int64_t Dh, float sum, float *out) {
@@ -400,14 +413,7 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     else
 #endif
         scores_of(qs, keys + lo * Dh, n, Dh, scores);
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < n; t++) {
-        if (softcap > 0.f)
-            scores[t] = softcap * tanhf(scores[t] / softcap);
-        if (scores[t] > mx)
-            mx = scores[t];
-    }
-    mx = with_sink_max(mx, sink);
+    const float mx = capped_max(scores, n, softcap, sink);
 #ifdef HAVE_AVX512_ATTENTION
     if (wide) {
         const float sum = exp_and_sum_avx512(scores, n, mx); /* exp_and_sum's bits */
@@ -466,14 +472,7 @@ static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_
             kv_rows_f32(type, keys + (lo + t0) * row_bytes, m, Dh, tile);
             scores_of(qs, tile, m, Dh, scores + t0);
         }
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < n; t++) {
-        if (softcap > 0.f)
-            scores[t] = softcap * tanhf(scores[t] / softcap);
-        if (scores[t] > mx)
-            mx = scores[t];
-    }
-    mx = with_sink_max(mx, sink);
+    const float mx = capped_max(scores, n, softcap, sink);
 #ifdef HAVE_AVX512_ATTENTION
     const float sum = wide ? exp_and_sum_avx512(scores, n, mx) : exp_and_sum(scores, n, mx);
 #else
@@ -607,15 +606,8 @@ static void attn_group(void *ctx, int64_t j) {
     }
     for (int64_t g = 0; g < G; g++) {
         float *s = scores + g * n;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < n; t++) { /* attend_head's loop */
-            if (a->softcap > 0.f)
-                s[t] = a->softcap * tanhf(s[t] / a->softcap);
-            if (s[t] > mx)
-                mx = s[t];
-        }
         const float sink = sink_of(a->sinks, h0 + g);
-        mx = with_sink_max(mx, sink);
+        const float mx = capped_max(s, n, a->softcap, sink);
         const float sum = exp_and_sum_avx512(s, n, mx);
         inv[g] = 1.0f / with_sink_sum(sum, sink, mx); /* weighted_avx512_n's inv */
         float *out = a->out + (b * a->H + h0 + g) * Dh;
