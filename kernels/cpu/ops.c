@@ -127,6 +127,19 @@ static inline float sink_of(const float *sinks, int64_t h) {
     return sinks != NULL ? sinks[h] : -INFINITY;
 }
 
+/* Soft-capping in place (softcap > 0), then the largest score joined with the sink: the
+ * softmax's max as decode attention takes it (a NaN score is skipped, as `s > mx` does). */
+static float capped_max(float *scores, int64_t n, float softcap, float sink) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < n; t++) {
+        if (softcap > 0.f)
+            scores[t] = softcap * tanhf(scores[t] / softcap);
+        if (scores[t] > mx)
+            mx = scores[t];
+    }
+    return with_sink_max(mx, sink);
+}
+
 /* out = sum_t w[t] * values[t] / sum. */
 ISA_CLONES static void weighted_values(const float *w, const float *values, int64_t n,
                                        int64_t Dh, float sum, float *out) {
@@ -400,14 +413,7 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     else
 #endif
         scores_of(qs, keys + lo * Dh, n, Dh, scores);
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < n; t++) {
-        if (softcap > 0.f)
-            scores[t] = softcap * tanhf(scores[t] / softcap);
-        if (scores[t] > mx)
-            mx = scores[t];
-    }
-    mx = with_sink_max(mx, sink);
+    const float mx = capped_max(scores, n, softcap, sink);
 #ifdef HAVE_AVX512_ATTENTION
     if (wide) {
         const float sum = exp_and_sum_avx512(scores, n, mx); /* exp_and_sum's bits */
@@ -466,14 +472,7 @@ static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_
             kv_rows_f32(type, keys + (lo + t0) * row_bytes, m, Dh, tile);
             scores_of(qs, tile, m, Dh, scores + t0);
         }
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < n; t++) {
-        if (softcap > 0.f)
-            scores[t] = softcap * tanhf(scores[t] / softcap);
-        if (scores[t] > mx)
-            mx = scores[t];
-    }
-    mx = with_sink_max(mx, sink);
+    const float mx = capped_max(scores, n, softcap, sink);
 #ifdef HAVE_AVX512_ATTENTION
     const float sum = wide ? exp_and_sum_avx512(scores, n, mx) : exp_and_sum(scores, n, mx);
 #else
@@ -534,6 +533,98 @@ static void attn_one(void *ctx, int64_t j) {
         free(scratch);
 }
 
+#ifdef HAVE_AVX512_ATTENTION
+/* ---- Decode attention by KV head (GQA) ---------------------------------------------------
+ *
+ * The G = H / Hkv query heads sharing a KV head go through its keys and values together,
+ * GROUP_TILE keys at a time, so each cache row comes from memory once instead of once per
+ * query head (SmolLM2 at 3,000 cached positions read its float32 cache three times: two
+ * thirds of a step). The bits are attend_head's: every score is scores_avx512's for that
+ * key alone, every softmax runs over the whole range as there, and every output lane is
+ * the same chain of FMAs in key order (the accumulators go to `out` between tiles and
+ * back, which rounds nothing). float32 caches with AVX-512 only; the rest take attn_one. */
+#define GROUP_TILE 64
+
+/* out += sum_t (w[t] * inv) * values[t], continuing weighted_avx512_n's chains. */
+__attribute__((target("avx512f,fma"))) static inline __attribute__((always_inline)) void
+weighted_more_avx512_n(const float *w, const float *values, int64_t n, const int64_t chunks,
+                       float inv, float *out) {
+    const int64_t Dh = chunks * 16;
+    __m512 acc[16];
+    for (int64_t c = 0; c < chunks; c++)
+        acc[c] = _mm512_loadu_ps(out + 16 * c);
+    for (int64_t t = 0; t < n; t++) {
+        const __m512 p = _mm512_set1_ps(w[t] * inv);
+        const float *vr = values + t * Dh;
+        for (int64_t c = 0; c < chunks; c++)
+            acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
+    }
+    for (int64_t c = 0; c < chunks; c++)
+        _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+__attribute__((target("avx512f,fma"))) static void
+weighted_more_avx512(const float *w, const float *values, int64_t n, int64_t Dh, float inv,
+                     float *out) {
+    switch (Dh) {
+    case 64:
+        weighted_more_avx512_n(w, values, n, 4, inv, out);
+        break;
+    case 128:
+        weighted_more_avx512_n(w, values, n, 8, inv, out);
+        break;
+    case 256:
+        weighted_more_avx512_n(w, values, n, 16, inv, out);
+        break;
+    default:
+        weighted_more_avx512_n(w, values, n, Dh / 16, inv, out);
+    }
+}
+
+static void attn_group(void *ctx, int64_t j) {
+    const attn_job *a = ctx;
+    const int64_t G = a->H / a->Hkv, Dh = a->Dh;
+    const int64_t b = j / a->Hkv, kvh = j % a->Hkv, p = a->positions[b];
+    const int64_t lo = a->window > 0 && p + 1 > a->window ? p + 1 - a->window : 0;
+    const int64_t n = p - lo + 1, h0 = kvh * G;
+    const int64_t base = a->layer_base + (a->slots[b] * a->Hkv + kvh) * a->head_stride;
+    const float *keys = (const float *)(a->kcache + base * a->row_bytes) + lo * Dh;
+    const float *values = (const float *)(a->vcache + base * a->row_bytes) + lo * Dh;
+    float stack[8192];
+    const int64_t need = G * (n + Dh + 1);
+    float *scratch = need <= 8192 ? stack : malloc((size_t)need * sizeof(float));
+    if (scratch == NULL)
+        return; /* out of memory: leaves these heads' output as it was */
+    float *qs = scratch, *inv = scratch + G * Dh, *scores = inv + G;
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t d = 0; d < Dh; d++)
+            qs[g * Dh + d] = a->q[(b * a->H + h0 + g) * Dh + d] * a->scale;
+    for (int64_t t0 = 0; t0 < n; t0 += GROUP_TILE) {
+        const int64_t m = n - t0 < GROUP_TILE ? n - t0 : GROUP_TILE;
+        for (int64_t g = 0; g < G; g++)
+            scores_avx512(qs + g * Dh, keys + t0 * Dh, m, Dh, scores + g * n + t0);
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *s = scores + g * n;
+        const float sink = sink_of(a->sinks, h0 + g);
+        const float mx = capped_max(s, n, a->softcap, sink);
+        const float sum = exp_and_sum_avx512(s, n, mx);
+        inv[g] = 1.0f / with_sink_sum(sum, sink, mx); /* weighted_avx512_n's inv */
+        float *out = a->out + (b * a->H + h0 + g) * Dh;
+        for (int64_t d = 0; d < Dh; d++)
+            out[d] = 0.f;
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += GROUP_TILE) {
+        const int64_t m = n - t0 < GROUP_TILE ? n - t0 : GROUP_TILE;
+        for (int64_t g = 0; g < G; g++)
+            weighted_more_avx512(scores + g * n + t0, values + t0 * Dh, m, Dh, inv[g],
+                                 a->out + (b * a->H + h0 + g) * Dh);
+    }
+    if (scratch != stack)
+        free(scratch);
+}
+#endif
+
 void cpu_attention_decode(int nthreads, const float *q, const float *k, const float *v,
                           const kv_cache *kv, int64_t layer, const int64_t *slots,
                           const int64_t *positions, int64_t B, int64_t H, int64_t Hkv,
@@ -560,6 +651,14 @@ void cpu_attention_decode(int nthreads, const float *q, const float *k, const fl
                     .positions = positions, .sinks = sinks, .scale = scale,
                     .softcap = softcap, .out = out, .type = kv->type};
     const int nt = (double)B * (double)H * (double)longest * (double)Dh < 32768.0 ? 1 : nthreads;
+#ifdef HAVE_AVX512_ATTENTION
+    /* By KV head where that still gives every thread a job (same bits either way). */
+    if (kv->type == KV_F32 && H > Hkv && H % Hkv == 0 && use_avx512_attention(Dh) &&
+        B * Hkv >= nt) {
+        pool_run(nt, B * Hkv, attn_group, &job);
+        return;
+    }
+#endif
     pool_run(nt, B * H, attn_one, &job);
 }
 

@@ -726,3 +726,27 @@ def test_glu_has_the_same_bits_on_every_isa(tmp_path):
         outs[isa] = [np.load(prefix + f"{act}.npy") for act in (0, 1)]
     for a, b in zip(outs["generic"], outs[ISAS[-1]], strict=True):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(B=1, H=9, Hkv=3, Dh=64, n_ctx=3000, positions=[2999]),  # SmolLM2 deep in context
+        dict(B=2, H=8, Hkv=2, Dh=128, n_ctx=700, positions=[650, 129], window=200),
+        dict(B=3, H=4, Hkv=1, Dh=256, n_ctx=400, positions=[399, 0, 64], softcap=50.0),
+    ],
+)
+def test_attention_decode_by_kv_head_has_the_per_head_bits(shape, threads):
+    """With one thread the heads sharing a KV head are attended together (attn_group);
+    with more threads than KV-head jobs each head alone (attn_one): the same bits."""
+    rng = np.random.default_rng(10)
+    threads(1)
+    ref, grouped, _, _, args = _attention_case(rng, **shape)
+    np.testing.assert_allclose(grouped, ref, rtol=1e-5, atol=1e-6)
+    threads(64)
+    per_head = np.full_like(grouped, np.nan)
+    q, k, v, kc, vc, layer, slots, positions, scale, window, softcap, _ = args
+    _cpu.attention_decode(
+        q, k, v, kc, vc, layer, slots, positions, scale, window, softcap, per_head
+    )
+    assert np.array_equal(grouped, per_head)
