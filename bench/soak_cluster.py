@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from statistics import median
 
 import httpx
 import psutil
@@ -175,6 +176,10 @@ def rss_figures(samples: dict, warmup_s: float) -> dict:
         if after:
             row.update(baseline_mb=after[0], peak_mb=max(after))
             row["growth_mb"] = round(max(after) - after[0], 1)
+            # Transient peaks (a 2 MB body, a 64-input batch) or a trend: the medians of
+            # the first and the last minute after the warm-up.
+            n = max(1, min(len(after) // 2, 12))
+            row["median_first_last_mb"] = [median(after[:n]), median(after[-n:])]
         figures[name] = row
     return figures
 
@@ -188,7 +193,13 @@ def killer(cluster: SoakCluster, every: float, until: float, kills: list, t0: fl
         n += 1
         if child.proc is not None and child.proc.poll() is None:
             child.proc.send_signal(signal.SIGKILL)
-            kills.append({"t_s": round(time.monotonic() - t0, 1), "killed": child.name})
+            kills.append(
+                {
+                    "t_s": round(time.monotonic() - t0, 1),
+                    "at": time.strftime("%H:%M:%S"),
+                    "killed": child.name,
+                }
+            )
             print(f"[{time.monotonic() - t0:6.0f} s] SIGKILL {child.name}", flush=True)
 
 
@@ -243,17 +254,24 @@ async def final_checks(url: str, tally) -> dict:
 
 
 def run(args) -> dict:
+    if args.data_dir:  # kept afterwards: the processes' logs
+        args.data_dir.mkdir(parents=True, exist_ok=False)
+        return run_in(str(args.data_dir), args)
     with tempfile.TemporaryDirectory(prefix="pantheon-soak-cluster-") as root:
-        print(f"starting redis, a router and {args.instances} instances in {root}", flush=True)
-        cluster = SoakCluster(Path(root), args.instances)
-        try:
-            names = [f"victim-{i}" for i in range(args.victim_keys)] + ["flood"]
-            *victims, flood = cluster.make_keys(names)
-            cluster.wait_serving()
-            print(f"router {cluster.router_url}; {args.minutes} min of traffic", flush=True)
-            return soak(cluster, args, victims, flood)
-        finally:
-            cluster.close()
+        return run_in(root, args)
+
+
+def run_in(root: str, args) -> dict:
+    print(f"starting redis, a router and {args.instances} instances in {root}", flush=True)
+    cluster = SoakCluster(Path(root), args.instances)
+    try:
+        names = [f"victim-{i}" for i in range(args.victim_keys)] + ["flood"]
+        *victims, flood = cluster.make_keys(names)
+        cluster.wait_serving()
+        print(f"router {cluster.router_url}; {args.minutes} min of traffic", flush=True)
+        return soak(cluster, args, victims, flood)
+    finally:
+        cluster.close()
 
 
 def soak(cluster: SoakCluster, args, victims: list[str], flood: str) -> dict:
@@ -288,6 +306,7 @@ def summarize(tally, samples, kills, restarts, final, args, seconds) -> dict:
     rss = rss_figures(samples, args.warmup_s)
     growth = [row["growth_mb"] for row in rss.values() if "growth_mb" in row]
     victim_429 = tally.by_key["victim"].get(429, 0)
+    refusals = dict(sorted(tally.refusals.items()))
     checks = {
         "no_5xx": sum(five_xx.values()) == 0,
         "no_transport_error": tally.transport_errors == 0,
@@ -303,7 +322,8 @@ def summarize(tally, samples, kills, restarts, final, args, seconds) -> dict:
         "statuses_by_route": statuses,
         "5xx_by_route": {r: n for r, n in five_xx.items() if n},
         "stream_endings": endings,
-        "429_by_key_and_type": dict(tally.refusals_429),
+        "victim_429": victim_429,
+        "refusals_by_status_route_key_type": refusals,
         "transport_errors": tally.transport_errors,
         "kills": kills,
         "restarts": restarts,
@@ -312,7 +332,8 @@ def summarize(tally, samples, kills, restarts, final, args, seconds) -> dict:
         **final,
         "checks": checks,
         "pass": all(checks.values()),
-        "first_errors": tally.errors[:20],
+        "first_errors": tally.errors[:30],
+        "first_victim_4xx": tally.victim_4xx,
         "rss_samples": samples,
     }
 
@@ -329,6 +350,7 @@ def main() -> None:
     ap.add_argument("--sample-s", type=float, default=5.0)
     ap.add_argument("--warmup-s", type=float, default=120.0, help="per process, from its start")
     ap.add_argument("--rss-bound-mb", type=float, default=64.0)
+    ap.add_argument("--data-dir", type=Path, help="a new folder to keep (default: a temp one)")
     ap.add_argument("--json", help="also write the whole result (RSS samples too) here")
     args = ap.parse_args()
     result = run(args)

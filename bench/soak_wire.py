@@ -5,7 +5,8 @@ A stream's ending, per format (what an instance sends, and what the router sends
 instance that died mid-answer: cluster/stream_errors.py):
 - OpenAI chat and completions: `data: [DONE]`, or a `data: {"error": ...}` event;
 - Anthropic Messages: `event: message_stop`, or `event: error`;
-- Responses: `response.completed`, or `response.failed` / an `error` event;
+- Responses: `response.completed` (`response.incomplete` when max_output_tokens cut it),
+  or `response.failed` / an `error` event;
 - Ollama: a last line with `"done": true`, or an `{"error": ...}` line.
 Anything else (the connection cut, a last event of another kind) is a cut stream.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -21,6 +23,7 @@ from bench.soak import MODEL, TOPICS, user
 
 HUGE = "lorem ipsum dolor sit amet " * 80_000  # ~2 MB of text to tokenize
 EMBED_INPUTS = [f"a longer sentence to embed here, number {i}" for i in range(64)]
+TERMINAL_RESPONSES = ("response.completed", "response.incomplete")  # the response is stored
 SHORT = {"temperature": 0.7, "seed": 7}
 
 
@@ -31,9 +34,10 @@ class Tally:
 
     statuses: dict = field(default_factory=lambda: defaultdict(Counter))  # route -> status
     by_key: dict = field(default_factory=lambda: defaultdict(Counter))  # key -> status
-    refusals_429: Counter = field(default_factory=Counter)  # "key role: error type"
+    refusals: Counter = field(default_factory=Counter)  # "status route role: error type"
     endings: dict = field(default_factory=lambda: defaultdict(Counter))  # format -> ending
     errors: list = field(default_factory=list)  # what failed a check, first ones kept
+    victim_4xx: list = field(default_factory=list)  # refusals of a victim, first ones kept
     transport_errors: int = 0
     stored: dict = field(default_factory=dict)  # response id -> key
     kept_sessions: dict = field(default_factory=dict)  # session id -> (key, messages)
@@ -41,14 +45,16 @@ class Tally:
     def note(self, route: str, role: str, reply_status: int, body: bytes = b"") -> None:
         self.statuses[route][reply_status] += 1
         self.by_key[role][reply_status] += 1
-        if reply_status == 429:
-            self.refusals_429[f"{role}: {error_type(body)}"] += 1
+        if reply_status >= 400:
+            self.refusals[f"{reply_status} {route} {role}: {error_type(body)}"] += 1
         if reply_status >= 500:
-            self.fail(f"{route}: {reply_status} {body[:200]!r}")
+            self.fail(f"{route}: {reply_status} {body[:300]!r}")
+        elif reply_status >= 400 and role == "victim" and len(self.victim_4xx) < 30:
+            self.victim_4xx.append(f"[{time.strftime('%H:%M:%S')}] {route}: {body[:200]!r}")
 
     def fail(self, what: str) -> None:
         if len(self.errors) < 50:
-            self.errors.append(what)
+            self.errors.append(f"[{time.strftime('%H:%M:%S')}] {what[:400]}")
 
 
 def error_type(body: bytes) -> str:
@@ -100,7 +106,7 @@ class Client:
         ending = stream_ending(fmt, lines)
         self.tally.endings[fmt][ending] += 1
         if ending == "cut":
-            self.tally.fail(f"{route}: stream cut, last lines {lines[-3:]!r}")
+            self.tally.fail(f"{route}: stream cut, last lines {lines[-2:]!r}")
         return lines
 
 
@@ -127,7 +133,7 @@ def stream_ending(fmt: str, lines: list[str]) -> str:
     if fmt == "anthropic":
         return {"message_stop": "ok", "error": "error"}.get(name, "cut")
     if fmt == "responses":
-        if name == "response.completed":
+        if name in TERMINAL_RESPONSES:
             return "ok"
         return "error" if name in ("response.failed", "error") else "cut"
     raise ValueError(fmt)
@@ -191,7 +197,7 @@ async def responses(c: Client) -> None:
         body["previous_response_id"] = c.last_response_id
     lines = await c.stream("/v1/responses", "responses", body)
     for name, data in sse_events(lines):
-        if name == "response.completed":
+        if name in TERMINAL_RESPONSES:
             response_id = _json(data).get("response", {}).get("id")
             if response_id:  # acknowledged: GET /v1/responses/{id} must find it at the end
                 c.tally.stored[response_id] = c.key
