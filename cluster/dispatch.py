@@ -28,7 +28,7 @@ from django.conf import settings
 from access import forwarded
 from cluster import placement
 from cluster.registry import Instance, get_registry, registry_unavailable
-from cluster.stream_errors import StreamTail
+from cluster.stream_errors import INSTANCE_FAILED, StreamTail
 from pantheon_platform import tenancy
 from pantheon_platform.errors import ERROR_TYPE_HEADER, ApiError, send_asgi_error
 from pantheon_platform.json_blob import BodyTooLarge, split_field
@@ -228,6 +228,14 @@ class Dispatcher:
                             "no_live_instance",
                         ) from None
                     continue
+                except httpx.HTTPError as exc:
+                    # It took the request and died (or hung up) before its status line:
+                    # the caller gets its format's error, not the server's bare 500. Not
+                    # sent again: the instance may have run it.
+                    log.warning("instance %s failed before answering (%s)", inst.id, exc)
+                    raise ApiError(
+                        502, f"instance {inst.id} failed before answering", INSTANCE_FAILED
+                    ) from None
                 try:
                     await self._relay(scope, receive, send, upstream, inst, target)
                 finally:

@@ -404,11 +404,19 @@ def routable_ids(cluster) -> set[str]:
     return {row["id"] for row in rows if row["state"] == "live"}
 
 
+def running(cluster, inst_id: str) -> int:
+    """Requests the instance last reported running or queued."""
+    row = next(r for r in cluster.get("/admin/instances").json()["data"] if r["id"] == inst_id)
+    model = row["models"][0]
+    return model["max_concurrent"] - model["free_slots"] + model["queue_depth"]
+
+
 def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(cluster):
     (survivor,) = routable_ids(cluster)
     first = chat(cluster, QUESTION, session_id="kill-1")
     assert first.headers["x-pantheon-instance"] == survivor
     other = chat(cluster, QUESTION, session_id="kill-2")
+    chat(cluster, QUESTION, session_id="kill-json")  # a plain JSON answer the death cuts
     # Streams pinned to the survivor (their session ids are recorded there) that its death
     # cuts: each must end in its own format's error event.
     for path in CUT_STREAMS:
@@ -421,13 +429,26 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
         assert reply.headers["x-pantheon-instance"] == survivor, reply.text
     # Room for one session only: the second of the dead instance's sessions finds none.
     replacement = cluster.start_instance("instance-c", PANTHEON_MAX_SESSIONS="1")
-    pool = concurrent.futures.ThreadPoolExecutor(len(CUT_STREAMS))
+    pool = concurrent.futures.ThreadPoolExecutor(len(CUT_STREAMS) + 1)
     started = {path: threading.Event() for path in CUT_STREAMS}
     cut = {path: pool.submit(cut_stream, cluster, path, started[path]) for path in CUT_STREAMS}
+    long_json = {"messages": COUNTING, "max_tokens": 4000, "logit_bias": cluster.never_end}
+    unanswered = pool.submit(
+        cluster.post,
+        "/v1/chat/completions",
+        {"model": SMOLLM2_NAME, "session_id": "kill-json", **long_json},
+    )
     for path, event in started.items():
         assert event.wait(60), f"{path} did not start"
+    # The two streams and the JSON request all run on the survivor, as it reports.
+    cluster.wait_for(lambda: running(cluster, survivor) >= 3, "the JSON request to run", 60)
 
     cluster.sigkill(survivor)
+    # Killed before its status line: the format's error, 502 instance_failed (was a bare
+    # 500 from the router's unhandled httpx error).
+    reply = unanswered.result(30)
+    assert reply.status_code == 502, reply.text
+    assert reply.json()["error"]["type"] == "instance_failed"
     anthropic = cut["/v1/messages"].result(30)
     assert anthropic[-2] == "event: error", anthropic[-3:]
     assert json.loads(anthropic[-1].removeprefix("data: "))["error"]["type"] == "api_error"
