@@ -116,11 +116,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_peer(cmd: list[str], model: Path, threads: int, log: Path) -> Iterator[tuple]:
-    """Yield (url, process) once llama-server answers /health; stop it afterwards."""
+def running_peer(
+    cmd: list[str], model: Path, threads: int, log: Path, alias: str = MODEL
+) -> Iterator[tuple]:
+    """Yield (url, process) once llama-server answers /health, serving `model` as `alias`;
+    stop it afterwards."""
     port = free_port()
     argv = cmd + ["-m", str(model), "-t", str(threads), "-np", str(SLOTS), "-c", str(TOTAL_CTX)]
-    argv += ["--port", str(port), "--host", "127.0.0.1", "-a", MODEL]
+    argv += ["--port", str(port), "--host", "127.0.0.1", "-a", alias]
     url = f"http://127.0.0.1:{port}"
     # A build on the first call can take ~15 minutes (only with --build-peer).
     timeout = PEER_LOAD_TIMEOUT_S if built_peer() or cmd[0] != str(PEER_TOOL) else 3600
