@@ -217,13 +217,15 @@ class RssSampler:
 # --- the run ------------------------------------------------------------------------------
 
 
-def run_perf(servers: dict[str, str], reps: int) -> dict:
-    """perf.py's medians per server (its JSON summary)."""
+def run_perf(
+    servers: dict[str, str], reps: int, model: str = MODEL, extra: tuple[str, ...] = ()
+) -> dict:
+    """perf.py's medians per server (its JSON summary); `extra`: more of its options."""
     if not PERF_TOOL.is_file():
         sys.exit(f"{PERF_TOOL} is absent: cannot measure")
     argv = [sys.executable, str(PERF_TOOL)]
     argv += [f"{name}={url}" for name, url in servers.items()]
-    argv += ["--model", MODEL, "--reps", str(reps)]
+    argv += ["--model", model, "--reps", str(reps), *extra]
     print("$", " ".join(shlex.quote(a) for a in argv), flush=True)
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:

@@ -120,9 +120,16 @@ def random_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
+def stored_type(name: str, ndim: int) -> Q:
+    """How the file stores a tensor: norms and the router F32, matrices Q8_0."""
+    if ndim == 1 or name.endswith("ffn_gate_inp.weight"):
+        return Q.F32
+    return Q.Q8_0
+
+
 def stored(name: str, array: np.ndarray) -> tuple[np.ndarray, Q]:
-    """The tensor as the file stores it: norms and the router F32, matrices Q8_0."""
-    if array.ndim == 1 or name.endswith("ffn_gate_inp.weight"):
+    """The tensor as the file stores it (stored_type): values or Q8_0 blocks."""
+    if stored_type(name, array.ndim) == Q.F32:
         return array, Q.F32
     return quantize(array, Q.Q8_0), Q.Q8_0
 
