@@ -16,7 +16,8 @@ generator, in file order), so writing needs one tensor's memory, not the model's
 
 Then, in the same run: the host's read bandwidth (a numpy sum over a 1 GiB array, one
 thread and two), our server (Daphne, PANTHEON_THREADS=--threads, 8 slots of 4096) and
-llama-server (-t --threads -np 8 -c 32768) on the file, started as bench/bench_peer.py
+llama-server (-t --threads -np 8 -c 32768) on the file (ours with PANTHEON_NO_THINK=1, so
+its answers are content, as the peer's are), started as bench/bench_peer.py
 starts them; a greedy probe answered by both; then --reps runs of
 `../shared/tools/perf.py ours=URL llamacpp=URL --reps 1 --no-long` (prefill, decode one
 stream, 8-stream aggregate decode, turn-2 TTFT; interleaved ours/peer), each rep's
@@ -288,6 +289,10 @@ def measure(args, model: Path, data_dir: Path) -> dict:
         "PANTHEON_MAX_SESSIONS": str(SLOTS),
         "PANTHEON_MAX_CONCURRENT": str(SLOTS),
         "PANTHEON_CTX_CAP": str(TOTAL_CTX // SLOTS),
+        # Qwen3's template thinks by default: our server would stream a random model's
+        # tokens as reasoning_content, which perf.py does not count; llama-server sends
+        # them as content (no <think> tag ever comes).
+        "PANTHEON_NO_THINK": "1",
     }
     cmd, why_not = peer_command(args)
     if cmd is None:
