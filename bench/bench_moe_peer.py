@@ -76,7 +76,7 @@ from bench.bench_peer import (  # noqa: E402
 NAME = "qwen3moe-synth"  # the served name on both servers
 DEFAULT_OUT = Path.home() / ".cache" / "pantheon-bench"
 LOAD_TIMEOUT_S = 600  # our server's load of a ~1.4 GB file on a busy 2-core host
-PY_SPY = REPO.parent / "main" / ".venv" / "bin" / "py-spy"
+PY_SPY = Path(sys.executable).parent / "py-spy"  # the venv's (dev dependency)
 FIGURES = [  # perf.py's keys: (key, label, higher is better)
     ("decode_tok_s", "decode tok/s, one stream", True),
     ("agg8_tok_s", "aggregate decode tok/s, 8 streams", True),
@@ -257,7 +257,8 @@ def profile(pid: int, label: str, url: str, streams: int, out_dir: Path, top: in
     """py-spy's samples of our server while `streams` concurrent chats decode 96 tokens:
     the functions where most samples were (self time) and the share of each."""
     raw = out_dir / f"py-spy-{label}.txt"
-    cmd = [str(PY_SPY), "record", "--nonblocking", "-p", str(pid), "-r", "100", "-f", "raw"]
+    exe = str(PY_SPY) if PY_SPY.is_file() else shutil.which("py-spy") or "py-spy"
+    cmd = [exe, "record", "--nonblocking", "-p", str(pid), "-r", "100", "-f", "raw"]
     spy = subprocess.Popen([*cmd, "-o", str(raw)], stdout=subprocess.DEVNULL)
     time.sleep(1.0)
     threads = [
