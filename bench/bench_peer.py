@@ -116,11 +116,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_peer(cmd: list[str], model: Path, threads: int, log: Path) -> Iterator[tuple]:
-    """Yield (url, process) once llama-server answers /health; stop it afterwards."""
+def running_peer(
+    cmd: list[str], model: Path, threads: int, log: Path, alias: str = MODEL
+) -> Iterator[tuple]:
+    """Yield (url, process) once llama-server answers /health, serving `model` as `alias`;
+    stop it afterwards."""
     port = free_port()
     argv = cmd + ["-m", str(model), "-t", str(threads), "-np", str(SLOTS), "-c", str(TOTAL_CTX)]
-    argv += ["--port", str(port), "--host", "127.0.0.1", "-a", MODEL]
+    argv += ["--port", str(port), "--host", "127.0.0.1", "-a", alias]
     url = f"http://127.0.0.1:{port}"
     # A build on the first call can take ~15 minutes (only with --build-peer).
     timeout = PEER_LOAD_TIMEOUT_S if built_peer() or cmd[0] != str(PEER_TOOL) else 3600
@@ -214,13 +217,15 @@ class RssSampler:
 # --- the run ------------------------------------------------------------------------------
 
 
-def run_perf(servers: dict[str, str], reps: int) -> dict:
-    """perf.py's medians per server (its JSON summary)."""
+def run_perf(
+    servers: dict[str, str], reps: int, model: str = MODEL, extra: tuple[str, ...] = ()
+) -> dict:
+    """perf.py's medians per server (its JSON summary); `extra`: more of its options."""
     if not PERF_TOOL.is_file():
         sys.exit(f"{PERF_TOOL} is absent: cannot measure")
     argv = [sys.executable, str(PERF_TOOL)]
     argv += [f"{name}={url}" for name, url in servers.items()]
-    argv += ["--model", MODEL, "--reps", str(reps)]
+    argv += ["--model", model, "--reps", str(reps), *extra]
     print("$", " ".join(shlex.quote(a) for a in argv), flush=True)
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:

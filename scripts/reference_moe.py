@@ -79,53 +79,69 @@ def read_vocabulary() -> dict:
     return {"tokens": tokens, "types": types[:N_VOCAB], "merges": merges, "template": template}
 
 
-def random_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """float32 weights by GGUF tensor name, in numpy layout (out, in) / (E, out, in)."""
-    d = DIMS
+def tensor_plan(dims: dict, n_vocab: int) -> list[tuple[str, tuple[int, ...], float | None]]:
+    """Every tensor in file order: (GGUF name, numpy shape (out, in) / (E, out, in), scale of
+    its random values; None for a norm's weight)."""
+    d = dims
     D, Dh, E, F = d["d_model"], d["head_dim"], d["n_expert"], d["d_expert"]
-
-    def w(*shape: int, scale: float = 1.0) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    out = {"token_embd.weight": w(N_VOCAB, D, scale=8.0)}
+    plan: list[tuple[str, tuple[int, ...], float | None]] = [
+        ("token_embd.weight", (n_vocab, D), 8.0)
+    ]
     for i in range(d["n_layer"]):
         p = f"blk.{i}."
-        out[p + "attn_norm.weight"] = norm(D)
-        out[p + "attn_q.weight"] = w(d["n_head"] * Dh, D)
-        out[p + "attn_k.weight"] = w(d["n_kv_head"] * Dh, D)
-        out[p + "attn_v.weight"] = w(d["n_kv_head"] * Dh, D)
-        out[p + "attn_output.weight"] = w(D, d["n_head"] * Dh)
-        out[p + "attn_q_norm.weight"] = norm(Dh)
-        out[p + "attn_k_norm.weight"] = norm(Dh)
-        out[p + "ffn_norm.weight"] = norm(D)
-        out[p + "ffn_gate_inp.weight"] = w(E, D, scale=3.0)
-        out[p + "ffn_gate_exps.weight"] = w(E, F, D)
-        out[p + "ffn_up_exps.weight"] = w(E, F, D)
-        out[p + "ffn_down_exps.weight"] = w(E, D, F)
-    out["output_norm.weight"] = norm(D)
-    out["output.weight"] = w(N_VOCAB, D, scale=4.0)
-    return out
+        plan += [
+            (p + "attn_norm.weight", (D,), None),
+            (p + "attn_q.weight", (d["n_head"] * Dh, D), 1.0),
+            (p + "attn_k.weight", (d["n_kv_head"] * Dh, D), 1.0),
+            (p + "attn_v.weight", (d["n_kv_head"] * Dh, D), 1.0),
+            (p + "attn_output.weight", (D, d["n_head"] * Dh), 1.0),
+            (p + "attn_q_norm.weight", (Dh,), None),
+            (p + "attn_k_norm.weight", (Dh,), None),
+            (p + "ffn_norm.weight", (D,), None),
+            (p + "ffn_gate_inp.weight", (E, D), 3.0),
+            (p + "ffn_gate_exps.weight", (E, F, D), 1.0),
+            (p + "ffn_up_exps.weight", (E, F, D), 1.0),
+            (p + "ffn_down_exps.weight", (E, D, F), 1.0),
+        ]
+    return plan + [("output_norm.weight", (D,), None), ("output.weight", (n_vocab, D), 4.0)]
+
+
+def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], scale: float | None):
+    """float32 values: a matrix's scaled by 1/sqrt(fan-in), a norm's weight around 1."""
+    if scale is None:
+        return (1.0 + 0.1 * rng.standard_normal(shape[0])).astype(np.float32)
+    return (rng.standard_normal(shape) * scale / np.sqrt(shape[-1])).astype(np.float32)
+
+
+def random_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """float32 weights by GGUF tensor name, in numpy layout (out, in) / (E, out, in)."""
+    return {
+        name: random_tensor(rng, shape, scale) for name, shape, scale in tensor_plan(DIMS, N_VOCAB)
+    }
+
+
+def stored_type(name: str, ndim: int) -> Q:
+    """How the file stores a tensor: norms and the router F32, matrices Q8_0."""
+    if ndim == 1 or name.endswith("ffn_gate_inp.weight"):
+        return Q.F32
+    return Q.Q8_0
 
 
 def stored(name: str, array: np.ndarray) -> tuple[np.ndarray, Q]:
-    """The tensor as the file stores it: norms and the router F32, matrices Q8_0."""
-    if array.ndim == 1 or name.endswith("ffn_gate_inp.weight"):
+    """The tensor as the file stores it (stored_type): values or Q8_0 blocks."""
+    if stored_type(name, array.ndim) == Q.F32:
         return array, Q.F32
     return quantize(array, Q.Q8_0), Q.Q8_0
 
 
-def write_gguf(path: Path, weights: dict[str, np.ndarray], vocab: dict) -> dict[str, np.ndarray]:
-    """Write the file; returns each tensor's stored value, dequantised (what the engine reads)."""
-    d = DIMS
-    w = gguf.GGUFWriter(str(path), arch="qwen3moe")
-    w.add_name("tiny-qwen3moe (random weights, test only)")
+def add_metadata(w: gguf.GGUFWriter, dims: dict, vocab: dict, name: str, d_ff_dense: int):
+    """The qwen3moe keys llama.cpp's converter writes, and the vocabulary's."""
+    d = dims
+    w.add_name(name)
     w.add_block_count(d["n_layer"])
     w.add_context_length(4096)
     w.add_embedding_length(d["d_model"])
-    w.add_feed_forward_length(D_FF_DENSE)
+    w.add_feed_forward_length(d_ff_dense)
     w.add_head_count(d["n_head"])
     w.add_head_count_kv(d["n_kv_head"])
     w.add_rope_freq_base(1_000_000.0)
@@ -145,6 +161,12 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray], vocab: dict) -> dict[
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     w.add_chat_template(vocab["template"])
+
+
+def write_gguf(path: Path, weights: dict[str, np.ndarray], vocab: dict) -> dict[str, np.ndarray]:
+    """Write the file; returns each tensor's stored value, dequantised (what the engine reads)."""
+    w = gguf.GGUFWriter(str(path), arch="qwen3moe")
+    add_metadata(w, DIMS, vocab, "tiny-qwen3moe (random weights, test only)", D_FF_DENSE)
     values = {}
     for name, array in weights.items():
         data, qtype = stored(name, array)
