@@ -212,17 +212,18 @@ __attribute__((target("avx512f,fma"))) static void scores_avx512(const float *qs
     }
 }
 
-/* Every 16-wide chunk of the output accumulates in its own register, all chunks in the
- * inner loop (independent chains, not one chain of n FMAs per chunk); each output lane
- * still sums p[t] * v[t] in t order: the chunk-at-a-time bits. */
+/* out += sum_t (w[t] * inv) * values[t]. Every 16-wide chunk of the output accumulates in
+ * its own register, all chunks in the inner loop (independent chains, not one chain of n
+ * FMAs per chunk); each output lane still sums p[t] * v[t] in t order: the
+ * chunk-at-a-time bits. The accumulators start from `out` (storing and reloading a float
+ * rounds nothing), so a range of keys may be done a tile at a time. */
 __attribute__((target("avx512f,fma"))) static inline __attribute__((always_inline)) void
-weighted_avx512_n(const float *w, const float *values, int64_t n, const int64_t chunks,
-                  float sum, float *out) {
+weighted_more_avx512_n(const float *w, const float *values, int64_t n, const int64_t chunks,
+                       float inv, float *out) {
     const int64_t Dh = chunks * 16;
-    const float inv = 1.0f / sum;
     __m512 acc[16];
     for (int64_t c = 0; c < chunks; c++)
-        acc[c] = _mm512_setzero_ps();
+        acc[c] = _mm512_loadu_ps(out + 16 * c);
     for (int64_t t = 0; t < n; t++) {
         const __m512 p = _mm512_set1_ps(w[t] * inv);
         const float *vr = values + t * Dh;
@@ -231,6 +232,15 @@ weighted_avx512_n(const float *w, const float *values, int64_t n, const int64_t 
     }
     for (int64_t c = 0; c < chunks; c++)
         _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+/* out = sum_t (w[t] / sum) * values[t], as p[t] = w[t] * (1 / sum). */
+__attribute__((target("avx512f,fma"))) static inline __attribute__((always_inline)) void
+weighted_avx512_n(const float *w, const float *values, int64_t n, const int64_t chunks,
+                  float sum, float *out) {
+    for (int64_t d = 0; d < chunks * 16; d++)
+        out[d] = 0.f;
+    weighted_more_avx512_n(w, values, n, chunks, 1.0f / sum, out);
 }
 
 __attribute__((target("avx512f,fma"))) static void weighted_avx512(const float *w,
@@ -544,24 +554,6 @@ static void attn_one(void *ctx, int64_t j) {
  * the same chain of FMAs in key order (the accumulators go to `out` between tiles and
  * back, which rounds nothing). float32 caches with AVX-512 only; the rest take attn_one. */
 #define GROUP_TILE 64
-
-/* out += sum_t (w[t] * inv) * values[t], continuing weighted_avx512_n's chains. */
-__attribute__((target("avx512f,fma"))) static inline __attribute__((always_inline)) void
-weighted_more_avx512_n(const float *w, const float *values, int64_t n, const int64_t chunks,
-                       float inv, float *out) {
-    const int64_t Dh = chunks * 16;
-    __m512 acc[16];
-    for (int64_t c = 0; c < chunks; c++)
-        acc[c] = _mm512_loadu_ps(out + 16 * c);
-    for (int64_t t = 0; t < n; t++) {
-        const __m512 p = _mm512_set1_ps(w[t] * inv);
-        const float *vr = values + t * Dh;
-        for (int64_t c = 0; c < chunks; c++)
-            acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), acc[c]);
-    }
-    for (int64_t c = 0; c < chunks; c++)
-        _mm512_storeu_ps(out + 16 * c, acc[c]);
-}
 
 __attribute__((target("avx512f,fma"))) static void
 weighted_more_avx512(const float *w, const float *values, int64_t n, int64_t Dh, float inv,
