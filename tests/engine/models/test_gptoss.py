@@ -22,12 +22,11 @@ from engine.models._block import load_decoder
 from engine.models._moe import MoeParams
 from engine.models._yarn import read_yarn, yarn_factors
 from engine.types import ModelLoadError
-from kernels import get_backend
 from kernels.moe import route
 from kernels.reference.backend import NumpyBackend, swiglu_oai
-from kernels.xp.backend import XpBackend
 from tests.engine.models.test_architectures import greedy
 from tests.engine.models.test_batch_invariance import TINY, check_batch_invariance
+from tests.engine.models.test_moe import BACKENDS, _cpu
 from tests.engine.models.test_packed_prefill import _assert_packed_is_alone
 
 PATH = TINY / "tiny-gptoss.gguf"
@@ -37,16 +36,6 @@ MARGIN_FLOOR = 0.05  # greedy ids must agree up to the first step the reference 
 @pytest.fixture(scope="module")
 def reference() -> dict:
     return json.loads((TINY / "tiny_gptoss_f32.json").read_text("utf-8"))["models"][0]
-
-
-def _cpu():
-    try:
-        return get_backend("cpu")
-    except ValueError as exc:
-        pytest.skip(str(exc))
-
-
-BACKENDS = {"numpy": NumpyBackend, "cpu": _cpu, "xp": XpBackend}
 
 
 def load(backend=None):
