@@ -234,32 +234,32 @@ weighted_more_avx512_n(const float *w, const float *values, int64_t n, const int
         _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 
-/* out = sum_t (w[t] / sum) * values[t], as p[t] = w[t] * (1 / sum). */
-__attribute__((target("avx512f,fma"))) static inline __attribute__((always_inline)) void
-weighted_avx512_n(const float *w, const float *values, int64_t n, const int64_t chunks,
-                  float sum, float *out) {
-    for (int64_t d = 0; d < chunks * 16; d++)
-        out[d] = 0.f;
-    weighted_more_avx512_n(w, values, n, chunks, 1.0f / sum, out);
+__attribute__((target("avx512f,fma"))) static void
+weighted_more_avx512(const float *w, const float *values, int64_t n, int64_t Dh, float inv,
+                     float *out) {
+    switch (Dh) {
+    case 64:
+        weighted_more_avx512_n(w, values, n, 4, inv, out);
+        break;
+    case 128:
+        weighted_more_avx512_n(w, values, n, 8, inv, out);
+        break;
+    case 256:
+        weighted_more_avx512_n(w, values, n, 16, inv, out);
+        break;
+    default:
+        weighted_more_avx512_n(w, values, n, Dh / 16, inv, out);
+    }
 }
 
+/* out = sum_t (w[t] / sum) * values[t], as p[t] = w[t] * (1 / sum). */
 __attribute__((target("avx512f,fma"))) static void weighted_avx512(const float *w,
                                                                   const float *values,
                                                                   int64_t n, int64_t Dh,
                                                                   float sum, float *out) {
-    switch (Dh) {
-    case 64:
-        weighted_avx512_n(w, values, n, 4, sum, out);
-        break;
-    case 128:
-        weighted_avx512_n(w, values, n, 8, sum, out);
-        break;
-    case 256:
-        weighted_avx512_n(w, values, n, 16, sum, out);
-        break;
-    default:
-        weighted_avx512_n(w, values, n, Dh / 16, sum, out);
-    }
+    for (int64_t d = 0; d < Dh; d++)
+        out[d] = 0.f;
+    weighted_more_avx512(w, values, n, Dh, 1.0f / sum, out);
 }
 
 /* exp_nonpositive on 16 lanes: the same operations in the same order, so the same bits. */
@@ -555,24 +555,6 @@ static void attn_one(void *ctx, int64_t j) {
  * back, which rounds nothing). float32 caches with AVX-512 only; the rest take attn_one. */
 #define GROUP_TILE 64
 
-__attribute__((target("avx512f,fma"))) static void
-weighted_more_avx512(const float *w, const float *values, int64_t n, int64_t Dh, float inv,
-                     float *out) {
-    switch (Dh) {
-    case 64:
-        weighted_more_avx512_n(w, values, n, 4, inv, out);
-        break;
-    case 128:
-        weighted_more_avx512_n(w, values, n, 8, inv, out);
-        break;
-    case 256:
-        weighted_more_avx512_n(w, values, n, 16, inv, out);
-        break;
-    default:
-        weighted_more_avx512_n(w, values, n, Dh / 16, inv, out);
-    }
-}
-
 static void attn_group(void *ctx, int64_t j) {
     const attn_job *a = ctx;
     const int64_t G = a->H / a->Hkv, Dh = a->Dh;
@@ -601,7 +583,7 @@ static void attn_group(void *ctx, int64_t j) {
         const float sink = sink_of(a->sinks, h0 + g);
         const float mx = capped_max(s, n, a->softcap, sink);
         const float sum = exp_and_sum_avx512(s, n, mx);
-        inv[g] = 1.0f / with_sink_sum(sum, sink, mx); /* weighted_avx512_n's inv */
+        inv[g] = 1.0f / with_sink_sum(sum, sink, mx); /* weighted_avx512's inv */
         float *out = a->out + (b * a->H + h0 + g) * Dh;
         for (int64_t d = 0; d < Dh; d++)
             out[d] = 0.f;
