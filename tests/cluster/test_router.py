@@ -429,7 +429,12 @@ def test_a_killed_instance_is_dropped_and_its_sessions_re_prefill_elsewhere(clus
     unanswered = pool.submit(
         cluster.post,
         "/v1/chat/completions",
-        {"model": SMOLLM2_NAME, "session_id": "kill-json", **RESENT_JSON},
+        {
+            "model": SMOLLM2_NAME,
+            "session_id": "kill-json",
+            "logit_bias": cluster.never_end,
+            **RESENT_JSON,
+        },
     )
     for path, event in started.items():
         assert event.wait(60), f"{path} did not start"
