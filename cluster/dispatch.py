@@ -6,8 +6,13 @@ The caller's key was checked by the access guard in front of this app (the route
 keys and scopes); the instance is called with the router's key (PANTHEON_ROUTER_KEY) and
 the caller's session namespace in X-Pantheon-Namespace (made unique to the cluster and
 proved with its shared secret: access/forwarded.py), so each key's sessions and stored
-responses stay its own on the instances too, apart from the instances' own keys. Where a request goes: cluster/placement.py. A session id's instance is recorded
-when a turn with it succeeds there; a stored response's (/v1/responses) when it is made.
+responses stay its own on the instances too, apart from the instances' own keys. Where a
+request goes: cluster/placement.py. A session id's instance is recorded when a turn with it
+succeeds there; a stored response's (/v1/responses) when it is made.
+
+An instance that fails before its status line (refused connection, or died holding the
+request) is followed by another replica; one that fails after it ends the stream in its
+format's error event (cluster/stream_errors.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from pantheon_platform.errors import ERROR_TYPE_HEADER, ApiError, send_asgi_erro
 from pantheon_platform.json_blob import BodyTooLarge, split_field
 
 log = logging.getLogger("pantheon.cluster")
+
+INSTANCE_UNAVAILABLE = "instance_unavailable"
 
 # Every client route a serve instance has (wire/urls.py, wire/ollama/urls.py,
 # wire/responses/urls.py, sessions/urls.py and /session/watch); tests/cluster checks the
@@ -91,7 +98,12 @@ RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[0-9a-f]+)"')
 RESPONSE_ID_SCAN_BYTES = 64 * 1024
 PARSE_OFF_LOOP_BYTES = 256 * 1024
 INSTANCES_CACHE_S = 0.25  # the live list is read from Redis at most this often
-CONNECT_ATTEMPTS = 3  # an instance that refuses the connection: the next replica
+# Instances one request is sent to at most: one that refuses the connection, or takes the
+# request and fails before its status line, is followed by the next replica.
+CONNECT_ATTEMPTS = 3
+# A stored response's instance is down: it is back when its supervisor has restarted it
+# and its model has loaded (seconds on the shipped models).
+HOLDER_RETRY_AFTER_S = 5
 
 
 def is_forwarded(path: str) -> bool:
@@ -116,8 +128,8 @@ class Target:
             + [_header(scope, b"x-session-id"), (query.get("session_id") or [None])[0]]
         )
         response_id = None
-        if self.path.startswith("/v1/responses/"):
-            response_id = self.path.removeprefix("/v1/responses/")
+        if self.path.startswith("/v1/responses/"):  # .../{id} and .../{id}/input_items
+            response_id = self.path.removeprefix("/v1/responses/").split("/")[0]
         elif isinstance(body.get("previous_response_id"), str):
             response_id = body["previous_response_id"]
         self.response_id = response_id
@@ -177,9 +189,8 @@ class Dispatcher:
             held = await asyncio.to_thread(
                 registry.response_instance, target.namespace, target.response_id
             )
-            inst = placement.pinned(instances, held, None)
-            if inst is not None and inst.id not in exclude:
-                return inst
+            if held is not None:
+                return await self._holder(held, instances, exclude, target.response_id)
         if target.session_id:
             held = await asyncio.to_thread(
                 registry.session_instance, target.namespace, target.session_id
@@ -197,10 +208,26 @@ class Dispatcher:
             instances = await self.instances(fresh=True)
             return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
 
+    async def _holder(
+        self, held: str, instances: list[Instance], exclude: frozenset[str], response_id: str
+    ) -> Instance:
+        """The instance that stored `response_id`, or 503 while it is down: only it has
+        the response (a replica would answer 404 not found), and the registry records no
+        instance as gone for good (one restarted under the same id serves its stored
+        responses again), so the client is told to retry."""
+        inst = placement.pinned(instances, held, None)
+        if inst is None and held not in exclude and time.monotonic() - self._instances_at > 0.01:
+            # The cached list may predate its return.
+            inst = placement.pinned(await self.instances(fresh=True), held, None)
+        if inst is None or inst.id in exclude:
+            raise holder_unavailable(response_id)
+        return inst
+
     async def forward(self, scope, receive, send, body: bytes, target: Target) -> None:
-        tried: set[str] = set()
+        tried: set[str] = set()  # refused the connection, or failed before its status line
+        failed: set[str] = set()  # of those, the ones that had taken the request
         while True:
-            inst = await self.place(target, frozenset(tried))
+            inst = await self._next_instance(target, tried, failed)
             request = self.client.build_request(
                 scope["method"],
                 inst.url + _path_and_query(scope),
@@ -221,21 +248,19 @@ class Dispatcher:
                     # replica. Nothing was sent, so nothing runs twice.
                     log.warning("instance %s unreachable (%s); trying another", inst.id, exc)
                     tried.add(inst.id)
-                    if len(tried) >= CONNECT_ATTEMPTS:
-                        raise ApiError(
-                            503,
-                            f"no instance could be reached ({len(tried)} tried)",
-                            "no_live_instance",
-                        ) from None
                     continue
                 except httpx.HTTPError as exc:
-                    # It took the request and died (or hung up) before its status line:
-                    # the caller gets its format's error, not the server's bare 500. Not
-                    # sent again: the instance may have run it.
-                    log.warning("instance %s failed before answering (%s)", inst.id, exc)
-                    raise ApiError(
-                        502, f"instance {inst.id} failed before answering", INSTANCE_FAILED
-                    ) from None
+                    # It took the request and died (or hung up) before its status line.
+                    # Nothing has reached the client yet, so the request is sent again to
+                    # another replica, placed as if that instance were gone. The price: the
+                    # dead one may have run part of it (a stored response whose id no one
+                    # saw, a session turn now re-prefilled elsewhere). After the status
+                    # line it is never sent again: the stream ends in its format's error
+                    # (_pump).
+                    log.warning("instance %s failed before answering (%s); resending", inst.id, exc)
+                    tried.add(inst.id)
+                    failed.add(inst.id)
+                    continue
                 try:
                     await self._relay(scope, receive, send, upstream, inst, target)
                 finally:
@@ -243,6 +268,23 @@ class Dispatcher:
                 return
             finally:
                 self.in_flight[inst.id] -= 1
+
+    async def _next_instance(self, target: Target, tried: set[str], failed: set[str]):
+        """Where the request goes next, none of `tried`. When none is left, the caller's
+        error: 502 instance_failed if an instance took the request and failed, else
+        503 no_live_instance (or placement's own refusal: 429 all full)."""
+        if len(tried) >= CONNECT_ATTEMPTS:
+            if failed:
+                raise instance_failed(failed)
+            raise ApiError(
+                503, f"no instance could be reached ({len(tried)} tried)", "no_live_instance"
+            )
+        try:
+            return await self.place(target, frozenset(tried))
+        except ApiError as error:
+            if failed and error.type in ("no_live_instance", INSTANCE_UNAVAILABLE):
+                raise instance_failed(failed) from None
+            raise
 
     def _headers(self, scope, target: Target) -> list[tuple[bytes, bytes]]:
         headers = [
@@ -312,6 +354,24 @@ class Dispatcher:
             if event:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def instance_failed(failed: set[str]) -> ApiError:
+    """An instance took the request and failed before answering, and no other could take
+    it: the format's error, not the server's bare 500."""
+    names = ("instances " if len(failed) > 1 else "instance ") + ", ".join(sorted(failed))
+    return ApiError(502, f"{names} failed before answering", INSTANCE_FAILED)
+
+
+def holder_unavailable(response_id: str) -> ApiError:
+    """503 for a request about a stored response whose instance is not live now."""
+    return ApiError(
+        503,
+        f"the instance holding response {response_id!r} is not available right now; "
+        "retry when it is back",
+        INSTANCE_UNAVAILABLE,
+        headers={"Retry-After": str(HOLDER_RETRY_AFTER_S)},
+    )
 
 
 def _no_room_for_rehomed(upstream, target: Target) -> bool:

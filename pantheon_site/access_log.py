@@ -10,7 +10,8 @@ away first (a stream cut short: `"aborted": true`):
 
 - `route` is the URL pattern the path matched (`/admin/aliases/<path:alias>`), never the
   raw path, so a client cannot write what it likes into the log; an unknown path is
-  "unmatched".
+  "unmatched". On a router, a forwarded request's is "forwarded:" and the pattern it
+  has on the instances (`forwarded:/v1/responses/<str:response_id>`).
 - `model` and `session` come from the view (pantheon_platform.request_log.note): the served model
   and the first 12 hex characters of the session id's sha256, when the request has them.
 - `key` is the label of the API key that authenticated the request (the access guard puts
@@ -30,6 +31,10 @@ from pantheon_platform.request_log import SCOPE_KEY, bind, unbind
 
 log = logging.getLogger("pantheon.access")
 
+# On a router, what a forwarded request's route starts with (pantheon_requests_total
+# keeps them apart from the router's own routes and from the instances' counts).
+FORWARDED = "forwarded:"
+INSTANCE_CLIENT_URLCONFS = ("wire.urls", "sessions.urls")  # the routes a router forwards
 KEY_SCOPE = "pantheon.key"  # the key's label, set in place by the guard (access/guard.py)
 _METHOD = re.compile(r"[A-Z]{1,16}")
 
@@ -122,6 +127,8 @@ def _line(
 
 def route_of(path: str) -> str:
     """The route `path` belongs to, as its URL pattern; "unmatched" for anything else."""
+    if _router_forwards(path):
+        return FORWARDED + _instance_route(path)
     if path == "/session/watch":  # a Channels consumer, outside Django's URLconf
         return path
     if path.startswith("/static/"):
@@ -135,6 +142,31 @@ def route_of(path: str) -> str:
     if match.url_name is None and match.route in ("", "^"):
         return "unmatched"  # the catch-all JSON 404
     return "/" + match.route.removeprefix("^")
+
+
+def _router_forwards(path: str) -> bool:
+    from django.conf import settings
+
+    if settings.PANTHEON_ROLE != "router":
+        return False
+    from cluster.dispatch import is_forwarded
+
+    return is_forwarded(path)
+
+
+def _instance_route(path: str) -> str:
+    """A forwarded path's route in the serve instances' URL table (the router's own has
+    none of them): the line an instance writes for the same request names it too."""
+    if path == "/session/watch":
+        return path
+    from django.urls import Resolver404, resolve
+
+    for urlconf in INSTANCE_CLIENT_URLCONFS:
+        try:
+            return "/" + resolve(path, urlconf).route.removeprefix("^")
+        except (Resolver404, ValueError):
+            continue
+    return "unmatched"
 
 
 def key_label(label: object) -> str | None:

@@ -169,6 +169,12 @@ class Cluster:
         rows = self.get("/admin/instances").json()["data"]
         return {row["id"] for row in rows if row["models"]}
 
+    def running(self, inst_id: str) -> int:
+        """Requests the instance last reported running or queued."""
+        rows = self.get("/admin/instances").json()["data"]
+        model = next(r for r in rows if r["id"] == inst_id)["models"][0]
+        return model["max_concurrent"] - model["free_slots"] + model["queue_depth"]
+
     def models(self) -> dict[str, dict]:
         return {row["id"]: row for row in self.get("/v1/models").json()["data"]}
 

@@ -1,6 +1,7 @@
 """The router's decisions without processes: where a request goes (cluster/placement.py),
 the /v1/models aggregate (cluster/views.model_rows), what a report must hold
-(cluster/reports.py), and that every client route of a serve instance is forwarded."""
+(cluster/reports.py), that every client route of a serve instance is forwarded, and the
+route a router's access log names for a forwarded request."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from cluster.reports import parse_report
 from cluster.views import model_rows
 from pantheon_platform import routes
 from pantheon_platform.errors import ApiError
+from pantheon_site.access_log import route_of
 
 # Answered by the router itself (cluster/urls.py); the operator routes (/admin/...) are
 # reached on each instance.
@@ -127,3 +129,15 @@ def test_every_client_route_of_a_serve_instance_is_forwarded():
     assert missing == []
     assert is_instance_only("/v1/files/x") and is_instance_only("/v1/batches")
     assert is_forwarded("/session/watch")  # a Channels consumer, not in the URL table
+
+
+def test_a_routers_access_log_names_a_forwarded_route_as_the_instances_do(settings):
+    settings.PANTHEON_ROLE = "router"
+    assert route_of("/v1/chat/completions") == "forwarded:/v1/chat/completions"
+    assert route_of("/api/chat") == "forwarded:/api/chat"
+    assert route_of("/session/watch") == "forwarded:/session/watch"
+    items = route_of("/v1/responses/resp_1/input_items")
+    assert items == "forwarded:/v1/responses/<str:response_id>/input_items"
+    assert route_of("/api/anything-a-client-writes") == "forwarded:unmatched"  # never echoed
+    settings.PANTHEON_ROLE = "serve"
+    assert route_of("/v1/chat/completions") == "/v1/chat/completions"
