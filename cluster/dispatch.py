@@ -104,6 +104,7 @@ CONNECT_ATTEMPTS = 3
 # A stored response's instance is down: it is back when its supervisor has restarted it
 # and its model has loaded (seconds on the shipped models).
 HOLDER_RETRY_AFTER_S = 5
+HOLDER_POLL_S = 0.25  # how often a request waiting for its response's instance looks again
 
 
 def is_forwarded(path: str) -> bool:
@@ -211,16 +212,24 @@ class Dispatcher:
     async def _holder(
         self, held: str, instances: list[Instance], exclude: frozenset[str], response_id: str
     ) -> Instance:
-        """The instance that stored `response_id`, or 503 while it is down: only it has
-        the response (a replica would answer 404 not found), and the registry records no
-        instance as gone for good (one restarted under the same id serves its stored
-        responses again), so the client is told to retry."""
+        """The instance that stored `response_id`, waited for while it is down (up to
+        PANTHEON_HOLDER_WAIT_MS), then 503: only it has the response (a replica would
+        answer 404 not found), and the registry records no instance as gone for good (one
+        restarted under the same id serves its stored responses again), so the client is
+        told to retry."""
         inst = placement.pinned(instances, held, None)
-        if inst is None and held not in exclude and time.monotonic() - self._instances_at > 0.01:
-            # The cached list may predate its return.
-            inst = placement.pinned(await self.instances(fresh=True), held, None)
-        if inst is None or inst.id in exclude:
+        if held in exclude:  # it took this very request and failed
             raise holder_unavailable(response_id)
+        # A killed instance is back (restarted by its supervisor, reloaded) within seconds:
+        # the request waits for it rather than answer 503 at once. The first read is fresh
+        # because the cached list may predate its return.
+        deadline = time.monotonic() + settings.PANTHEON_HOLDER_WAIT_S
+        while inst is None:
+            inst = placement.pinned(await self.instances(fresh=True), held, None)
+            if inst is None:
+                if time.monotonic() >= deadline:
+                    raise holder_unavailable(response_id)
+                await asyncio.sleep(HOLDER_POLL_S)
         return inst
 
     async def forward(self, scope, receive, send, body: bytes, target: Target) -> None:

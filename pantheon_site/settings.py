@@ -85,6 +85,8 @@ PANTHEON_HEARTBEAT_MS  serve instance: milliseconds between heartbeats (2000)
 PANTHEON_HEARTBEAT_TIMEOUT_MS  router: an instance silent this long is dropped (10000)
 PANTHEON_AFFINITY_TTL_MS  router: a session id's instance is remembered this long after its
                        last turn (the session idle TTL, PN_SESSION_IDLE_TTL_MS)
+PANTHEON_HOLDER_WAIT_MS  router: a request about a stored response whose instance is down
+                       waits this long for it to come back before a 503 (15000)
 """
 
 from __future__ import annotations
@@ -518,6 +520,7 @@ if (PANTHEON_ROLE == "router" or PANTHEON_ROUTER_URL) and len(PANTHEON_CLUSTER_S
     )
 PANTHEON_HEARTBEAT_S = env_int("PANTHEON_HEARTBEAT_MS", 2000) / 1000
 PANTHEON_HEARTBEAT_TIMEOUT_S = env_int("PANTHEON_HEARTBEAT_TIMEOUT_MS", 10_000) / 1000
+PANTHEON_HOLDER_WAIT_S = env_int("PANTHEON_HOLDER_WAIT_MS", 15_000) / 1000
 PANTHEON_AFFINITY_TTL_S = (
     env_int("PANTHEON_AFFINITY_TTL_MS", 0) / 1000 or PANTHEON_ENGINE_OPTIONS["session_idle_ttl_s"]
 )

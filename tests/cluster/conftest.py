@@ -41,6 +41,9 @@ def redis_binary() -> str:
     return binary
 
 
+HOLDER_WAIT_MS = 2000
+
+
 class Cluster:
     """The processes of one test module's cluster and what the tests need to reach them."""
 
@@ -57,6 +60,8 @@ class Cluster:
             "PANTHEON_ADMIN_API_KEY": ADMIN_KEY,
             "PANTHEON_ROUTER_KEY": ADMIN_KEY,
             "PANTHEON_CLUSTER_SECRET": CLUSTER_SECRET,
+            # A stored response's requests wait this long for its instance (then 503).
+            "PANTHEON_HOLDER_WAIT_MS": str(HOLDER_WAIT_MS),
         }
         self.router: subprocess.Popen | None = None
         self.instances: dict[str, object] = {}  # registry id -> tests.e2e Server

@@ -1,6 +1,6 @@
 """The router's answers when an instance is down or dies, on a cluster of its own
-(tests/cluster/conftest.py): a stored response's requests wait for its instance (503 with
-Retry-After, not a replica's 404); a request whose instance failed before its status line
+(tests/cluster/conftest.py): a stored response's requests wait for its instance (then 503
+with Retry-After, never a replica's 404); a request whose instance failed before its status line
 with no other instance left is 502 instance_failed (with one left it is sent again:
 test_router.py's kill test); the router's access log names forwarded routes. In file
 order: the last test leaves no instance serving."""
@@ -10,10 +10,12 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import signal
+import threading
+import time
 
 import pytest
 
-from tests.cluster.conftest import CLIENT_KEY
+from tests.cluster.conftest import CLIENT_KEY, HOLDER_WAIT_MS
 from tests.conftest import SMOLLM2_NAME
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,7 +45,9 @@ def test_a_stored_responses_requests_wait_for_its_instance_not_a_replicas_404(cl
         cluster.wait_for(lambda: holder not in cluster.live_ids(), "the drop", 30)
         assert len(cluster.live_ids()) == 1  # a replica the request could have gone to
         for request in about:
+            started = time.monotonic()
             reply = request()
+            assert time.monotonic() - started >= HOLDER_WAIT_MS / 1000  # it waited first
             assert reply.status_code == 503, reply.text
             error = reply.json()["error"]
             assert error["type"] == "instance_unavailable" and rid in error["message"]
@@ -58,6 +62,27 @@ def test_a_stored_responses_requests_wait_for_its_instance_not_a_replicas_404(cl
         reply = request()
         assert reply.status_code == 200, reply.text
         assert reply.headers["x-pantheon-instance"] == holder
+
+
+def test_a_stored_responses_request_waits_for_its_instance_to_come_back(cluster):
+    """An instance killed and restarted is back within seconds: a request about one of its
+    stored responses sent meanwhile waits for it (PANTHEON_HOLDER_WAIT_MS) and is answered
+    there, not refused."""
+    respond = {"model": SMOLLM2_NAME, "temperature": 0, "max_output_tokens": 4}
+    made = cluster.post("/v1/responses", {**respond, "input": "Hello"})
+    assert made.status_code == 200, made.text
+    rid, holder = made.json()["id"], made.headers["x-pantheon-instance"]
+    stopped = cluster.instances[holder].proc
+    stopped.send_signal(signal.SIGSTOP)
+    try:
+        cluster.wait_for(lambda: holder not in cluster.live_ids(), "the drop", 30)
+        # Back after a quarter of the wait: its next heartbeat makes it live again.
+        threading.Timer(HOLDER_WAIT_MS / 4000, stopped.send_signal, (signal.SIGCONT,)).start()
+        reply = cluster.get(f"/v1/responses/{rid}", key=CLIENT_KEY)
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-pantheon-instance"] == holder and reply.json()["id"] == rid
 
 
 def test_the_router_logs_a_forwarded_requests_route(cluster):
