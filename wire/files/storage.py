@@ -14,46 +14,21 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import time
 from pathlib import Path
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import OperationalError, connection
 from django.db.models import Sum
 
+from pantheon_platform.db_thread import on_db_thread
 from pantheon_platform.errors import ApiError
 from wire.files.models import StoredFile
 
 COPY_CHUNK = 1 << 20
-LOCKED_RETRY_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # waits between tries on a locked database
 
 
-async def db(work, *args):
-    """`work(*args)` on a worker thread (never the event loop), its connection closed
-    after (as wire/responses/storage.py)."""
-
-    def run():
-        # SQLite answers "database (table) is locked" while the batch runner's thread
-        # writes: a short wait and another try, never a 500 (then a 503 naming it).
-        for delay in LOCKED_RETRY_S:
-            try:
-                return work(*args)
-            except OperationalError as exc:
-                if "locked" not in str(exc):
-                    raise
-                connection.close()
-                time.sleep(delay)
-            finally:
-                connection.close()
-        raise ApiError(
-            503,
-            "the database is busy (locked by another writer); retry",
-            "server_busy",
-            headers={"Retry-After": "1"},
-        )
-
-    return await sync_to_async(run, thread_sensitive=False)()
+# ORM work on a worker thread, retried while SQLite reports a lock (the batch runner's
+# thread writes beside the routes): pantheon_platform/db_thread.py.
+db = on_db_thread
 
 
 def new_id() -> str:

@@ -22,12 +22,12 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+from pantheon_platform.db_thread import is_locked, on_db_thread
 from wire.responses.models import StoredResponse
 
 PRUNE_EVERY_S = 60.0  # the sweep of expired records, at most this often per process
@@ -36,17 +36,10 @@ _prune_lock = threading.Lock()
 _last_prune: float | None = None  # time.monotonic() of the last sweep
 
 
-async def db(work, *args):
-    """`work(*args)` (ORM calls) on a worker thread, its connection closed after: the ORM
-    never runs on the event loop, and no connection is left behind in a pool thread."""
-
-    def run():
-        try:
-            return work(*args)
-        finally:
-            connection.close()
-
-    return await sync_to_async(run, thread_sensitive=False)()
+# ORM work on a worker thread, retried while SQLite reports a lock (a batch runner or the
+# session mirror writing beside the route): pantheon_platform/db_thread.py. What runs
+# through it is one transaction, or steps harmless to repeat (save's prune).
+db = on_db_thread
 
 
 def record_size(conversation: list[dict], body: dict) -> int:
@@ -80,7 +73,11 @@ def save(
             size=size,
         )
         _evict(namespace, body["id"], size)
-    prune_expired()
+    try:
+        prune_expired()
+    except OperationalError as exc:  # housekeeping: the next save prunes; never a retry of
+        if not is_locked(exc):  # the stored record (db() would create it twice)
+            raise
     return True
 
 
