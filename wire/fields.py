@@ -23,6 +23,19 @@ from pantheon_platform.errors import ApiError, invalid_request
 from pantheon_platform.openapi import nullable
 from pantheon_platform.strict_json import IDENTIFIER_MAX, INT64_BOUND, MAX_STOP_STRINGS, json_kind
 
+# A reasoning effort (Responses' reasoning.effort, chat's reasoning_effort) -> (thinking
+# on?, reasoning budget in tokens; 0: no budget). "none" and "minimal" turn thinking off;
+# the others bound the think block, "max" not at all.
+EFFORT_BUDGETS: dict[str, tuple[bool, int]] = {
+    "none": (False, 0),
+    "minimal": (False, 0),
+    "low": (True, 512),
+    "medium": (True, 2048),
+    "high": (True, 8192),
+    "xhigh": (True, 16384),
+    "max": (True, 0),
+}
+
 # One free-form text of a request (a message's content, a tool's description, a call's
 # arguments, a description that only rides along): at most this many characters, whether
 # or not the template puts it in the prompt. About a million tokens: longer than any

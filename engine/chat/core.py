@@ -33,7 +33,7 @@ from ..types import (
     Usage,
 )
 from .prompt import PromptBuilder
-from .turn import ChatOptions, InvalidTurn, Turn
+from .turn import ChatOptions, InvalidTurn, Turn, template_effort
 
 TOOL_CHOICES = ("auto", "none", "required")
 
@@ -267,15 +267,13 @@ def chat_prompt(
     truncation "auto" its oldest turns dropped so that the prompt leaves room for the
     answer (max_tokens, at most a quarter of the window)."""
     messages = [dict(m) for m in turn.messages]
+    specs, effort = list(tools.specs), template_effort(turn.reasoning_effort)
     if turn.truncation != "auto":
-        return (
-            *prompts.prepare_chat(messages, enable_thinking, list(tools.specs), tools.dialect),
-            0,
-        )
+        return (*prompts.prepare_chat(messages, enable_thinking, specs, tools.dialect, effort), 0)
     window = prompts.context_window
     budget = window - min(turn.sampling.max_tokens, window // TRUNCATION_ANSWER_SHARE)
     return prompts.prepare_chat_fitting(
-        messages, budget, enable_thinking, list(tools.specs), tools.dialect
+        messages, budget, enable_thinking, specs, tools.dialect, effort
     )
 
 

@@ -54,13 +54,17 @@ class PromptBuilder:
         enable_thinking: bool = True,
         tools: list | None = None,
         dialect=None,
+        reasoning_effort: str | None = None,
     ) -> tuple[list[int], bool]:
         """The prompt ids, and whether the answer starts inside a think block. With a
         think-style template, `enable_thinking` opens the block or prefills a closed one.
         With a tool `dialect`, the tools and the history's tool turns are rendered in it,
-        or given to a harmony template, which renders them itself."""
+        or given to a harmony template, which renders them itself. `reasoning_effort`
+        (low, medium, high) is the template's variable of that name, where given."""
         think = self.think_style
         extra: dict = {"enable_thinking": enable_thinking} if think else {}
+        if reasoning_effort is not None:
+            extra["reasoning_effort"] = reasoning_effort
         if self.harmony:
             messages, extra["tools"] = for_template(messages, tools or [])
         elif dialect is not None:
@@ -81,6 +85,7 @@ class PromptBuilder:
         enable_thinking: bool = True,
         tools: list | None = None,
         dialect=None,
+        reasoning_effort: str | None = None,
     ) -> tuple[list[int], bool, int]:
         """prepare_chat with truncation "auto": the oldest turns dropped until the prompt is
         at most `budget` tokens. Kept always: the leading system messages and everything
@@ -93,7 +98,9 @@ class PromptBuilder:
         def attempt(dropped: int) -> tuple[list[int], bool, int] | None:
             kept = [*head, *(m for turn in turns[dropped:] for m in turn), *tail]
             try:
-                ids, think_open = self.prepare_chat(kept, enable_thinking, tools, dialect)
+                ids, think_open = self.prepare_chat(
+                    kept, enable_thinking, tools, dialect, reasoning_effort
+                )
             except TooManyTokens:
                 return None
             if len(ids) > budget:
@@ -102,12 +109,18 @@ class PromptBuilder:
 
         fitted = attempt(0)
         if fitted is not None or not turns:
-            return fitted or (*self.prepare_chat(messages, enable_thinking, tools, dialect), 0)
+            return fitted or (
+                *self.prepare_chat(messages, enable_thinking, tools, dialect, reasoning_effort),
+                0,
+            )
         # The fewest turns dropped that fit: a longer history never renders shorter.
         low, high = 1, len(turns)
         best = attempt(high)
         if best is None:
-            return (*self.prepare_chat(messages, enable_thinking, tools, dialect), 0)
+            return (
+                *self.prepare_chat(messages, enable_thinking, tools, dialect, reasoning_effort),
+                0,
+            )
         while low < high:
             middle = (low + high) // 2
             trial = attempt(middle)

@@ -23,6 +23,10 @@ class Turn:
     response_format: dict | None = None  # OpenAI response_format JSON; None: plain text
     enable_thinking: bool | None = None  # None: the server's default (ChatOptions.no_think)
     reasoning_budget: int | None = None  # None: the model's configured budget
+    # The API's reasoning effort ("none" .. "max"), given to a template that reads
+    # `reasoning_effort` (gpt-oss's harmony: "Reasoning: low|medium|high") as
+    # template_effort spells it; None: the template's default.
+    reasoning_effort: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n: int = 1  # choices wanted; the core asks the engine for at most MAX_CHOICES
     # Prefix-cache key, already in the caller's key's namespace (sessions.tenancy).
@@ -47,6 +51,24 @@ class Turn:
     # "auto" drops the oldest turns to fit (PromptBuilder.prepare_chat_fitting) and says
     # how many messages went in usage.truncated_messages.
     truncation: str = "disabled"
+
+
+# The API's effort levels (OpenAI's chat and Responses, Ollama's think levels) as a
+# template's `reasoning_effort` takes them: harmony knows low, medium and high.
+TEMPLATE_EFFORTS = {
+    "none": "low",
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
+
+
+def template_effort(effort: str | None) -> str | None:
+    """The template's spelling of an API effort level; None stays None."""
+    return None if effort is None else TEMPLATE_EFFORTS[effort]
 
 
 @dataclass(frozen=True)

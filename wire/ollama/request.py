@@ -75,6 +75,7 @@ class OllamaRequest:
     session_id: str | None  # X-Session-Id, before it is put in its key's namespace
     keep_alive: object = None  # the session's idle TTL (keep_alive_seconds); README "Ollama API"
     raw_prompt: str | None = None  # /api/generate with raw: the prompt as is, no template
+    reasoning_effort: str | None = None  # `think` given as a level (gpt-oss's template reads it)
 
     def turn(self, request_id: str) -> Turn:
         return Turn(
@@ -82,6 +83,7 @@ class OllamaRequest:
             tools=self.tools,
             response_format=self.response_format,
             enable_thinking=self.enable_thinking,
+            reasoning_effort=self.reasoning_effort,
             sampling=self.sampling,
             logprobs=self.logprobs,
             request_id=request_id,
@@ -148,7 +150,8 @@ def _response_format(value: object, path: str) -> dict | None:
 
 def _think(value: object, path: str) -> bool:
     """`think`: true/false, or a level ("high", "medium", "low": thinking on; the level
-    is not a budget here). Absent: the server's default."""
+    is not a budget here, but a template that reads `reasoning_effort`, gpt-oss's, gets
+    it). Absent: the server's default."""
     if isinstance(value, bool):
         return value
     if value in THINK_LEVELS:
@@ -359,6 +362,7 @@ def _common(data: dict, header_session: str | None) -> dict:
     model = model_name(data)
     response_format = COMMON.value(data, "format")
     enable_thinking = COMMON.value(data, "think")
+    level = data.get("think")
     options = OPTIONS.read(raw_options, prefix="options.")
     if header_session is not None and len(header_session) > IDENTIFIER_MAX:
         raise invalid_request(f"X-Session-Id: at most {IDENTIFIER_MAX} characters")
@@ -366,6 +370,7 @@ def _common(data: dict, header_session: str | None) -> dict:
         model=model,
         response_format=response_format,
         enable_thinking=enable_thinking,
+        reasoning_effort=level if level in THINK_LEVELS else None,
         sampling=_sampling(options, logprobs=logprobs, top_logprobs=top_logprobs),
         stream=True if stream is None else stream,  # Ollama streams by default
         num_ctx=options["num_ctx"],

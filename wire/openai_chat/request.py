@@ -38,6 +38,7 @@ from pantheon_platform.strict_json import (
     parse_json_object,
 )
 from pantheon_platform.tenancy import SESSION_ID_MAX
+from wire.fields import EFFORT_BUDGETS
 from wire.openai_chat.prediction import PredictionField
 
 # What the sampling fields are clamped to (not refused): the contract's ranges.
@@ -60,6 +61,26 @@ _UNSUPPORTED_PARTS = {
     "file": "read files",
     "input_file": "read files",
 }
+
+
+class EffortField(serializers.ChoiceField):
+    """`reasoning_effort` (OpenAI's): thinking on or off and its budget as Responses'
+    reasoning.effort, and the template's `reasoning_effort` (gpt-oss)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault(
+            "help_text",
+            '"none" and "minimal" turn thinking off; "low", "medium", "high", "xhigh" bound '
+            'the think block (512, 2048, 8192, 16384 tokens), "max" does not. '
+            "enable_thinking and reasoning_budget, where given, win. A template that reads "
+            "`reasoning_effort` (gpt-oss) gets low, medium or high.",
+        )
+        super().__init__(list(EFFORT_BUDGETS), required=False, allow_null=True, **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
 
 
 class MessagesField(BoundedListField):
@@ -227,6 +248,7 @@ class ChatCompletionRequest(serializers.Serializer):
         help_text="0 or negative: unbounded. Alias max_reasoning_tokens.",
     )
     max_reasoning_tokens = StrictIntegerField(required=False, allow_null=True)
+    reasoning_effort = EffortField()
     # OpenAI tools; their entries and tool_choice are checked in views._tools (the
     # dialect's parse_tools), which also decides the grammar.
     tools = BoundedListField(
@@ -316,10 +338,25 @@ class ChatCompletionRequest(serializers.Serializer):
         return bool(self.validated_data.get("logprobs")) or self.top_logprobs_clamped > 0
 
     def requested_reasoning_budget(self) -> int | None:
-        """`reasoning_budget`, else its alias `max_reasoning_tokens`; None: the model's."""
+        """`reasoning_budget`, else its alias `max_reasoning_tokens`, else the one
+        `reasoning_effort` implies; None: the model's."""
         data = self.validated_data
         value = data.get("reasoning_budget")
-        return value if value is not None else data.get("max_reasoning_tokens")
+        value = value if value is not None else data.get("max_reasoning_tokens")
+        effort = data.get("reasoning_effort")
+        if value is None and effort is not None:
+            thinking, budget = EFFORT_BUDGETS[effort]
+            return budget if thinking else None
+        return value
+
+    def requested_thinking(self) -> bool | None:
+        """`enable_thinking`, else what `reasoning_effort` implies; None: the server's."""
+        data = self.validated_data
+        value = data.get("enable_thinking")
+        effort = data.get("reasoning_effort")
+        if value is None and effort is not None:
+            return EFFORT_BUDGETS[effort][0]
+        return value
 
     @property
     def tools_active(self) -> bool:

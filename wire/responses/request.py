@@ -25,6 +25,7 @@ from engine import (
 from pantheon_platform.errors import invalid_request
 from pantheon_platform.strict_json import IDENTIFIER_MAX, SPECULATION_MODES, TRUNCATION_MODES
 from wire.fields import (
+    EFFORT_BUDGETS,
     RESPONSES,
     TEXT_MAX,
     AnyOf,
@@ -40,17 +41,6 @@ from wire.fields import (
 )
 from wire.responses.conversation import ITEMS, input_messages
 
-# reasoning.effort -> (thinking on?, reasoning budget in tokens; 0: no budget). "none" and
-# "minimal" turn thinking off; the others bound the think block, "max" not at all.
-EFFORT_BUDGETS: dict[str, tuple[bool, int]] = {
-    "none": (False, 0),
-    "minimal": (False, 0),
-    "low": (True, 512),
-    "medium": (True, 2048),
-    "high": (True, 8192),
-    "xhigh": (True, 16384),
-    "max": (True, 0),
-}
 TEMPERATURE_MAX = 2.0  # OpenAI's range for this route: [0, 2]
 METADATA_MAX_PAIRS = 16
 METADATA_KEY_MAX = 64

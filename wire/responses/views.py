@@ -89,6 +89,7 @@ async def create_response(request: HttpRequest, call: RouteCall) -> HttpResponse
         response_format=req.response_format,
         enable_thinking=req.enable_thinking,
         reasoning_budget=req.reasoning_budget,
+        reasoning_effort=req.reasoning_echo.get("effort"),
         sampling=req.sampling(),
         logprobs=req.top_logprobs > 0,
         request_id=response_id,

@@ -142,3 +142,32 @@ def test_dialect_for_picks_harmony():
 
 def test_harmony_calls_are_parsed_not_masked():
     assert call_plan(HARMONY_DIALECT, TOOLS, optional=False) is None
+
+
+@pytest.mark.parametrize(
+    ("effort", "line"),
+    [
+        (None, "Reasoning: medium"),
+        ("minimal", "Reasoning: low"),
+        ("high", "Reasoning: high"),
+        ("max", "Reasoning: high"),
+    ],
+)
+def test_a_turns_reasoning_effort_reaches_the_template(
+    gptoss_template, smollm2_tokenizer, effort, line
+):
+    """The API's effort levels as harmony spells them (the template's default: medium),
+    through the core's chat_prompt, with and without truncation."""
+    from engine.chat.core import ToolPlan, chat_prompt
+    from engine.chat.turn import Turn
+
+    prompts = PromptBuilder("gpt-oss-20b", "gpt-oss", smollm2_tokenizer, gptoss_template, 4096)
+    for truncation in ("disabled", "auto"):
+        turn = Turn(
+            messages=({"role": "user", "content": "Hi"},),
+            reasoning_effort=effort,
+            truncation=truncation,
+        )
+        ids, _, _ = chat_prompt(prompts, turn, ToolPlan(), True)
+        text = smollm2_tokenizer.decode(ids)
+        assert f"{line}\n\n" in text

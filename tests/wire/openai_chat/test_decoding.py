@@ -274,6 +274,28 @@ async def test_streamed_reasoning_comes_before_content(post_chat, thinker):
     assert "reasoning_content" not in kinds[first_content:]
 
 
+async def test_reasoning_effort_turns_thinking_on_or_off(post_chat, thinker):
+    """OpenAI's reasoning_effort as Responses' reasoning.effort: "minimal" (and "none")
+    answer without thinking, the others think; enable_thinking, where given, wins."""
+    off = await chat(post_chat, model="thinker", temperature=0, reasoning_effort="minimal")
+    assert "reasoning_content" not in off["choices"][0]["message"]
+    on = await chat(
+        post_chat, model="thinker", temperature=0, max_tokens=40, reasoning_effort="low"
+    )
+    assert on["choices"][0]["message"].get("reasoning_content")
+    overridden = await chat(
+        post_chat, model="thinker", temperature=0, reasoning_effort="high", enable_thinking=False
+    )
+    assert "reasoning_content" not in overridden["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("effort", ["extreme", 3, ["low"]])
+async def test_an_unknown_reasoning_effort_is_a_400_naming_it(post_chat, served, effort):
+    response = await post_chat({"messages": HELLO, "reasoning_effort": effort})
+    assert response.status_code == 400, response.content
+    assert "reasoning_effort" in json.dumps(response.json()["error"])
+
+
 async def test_a_non_think_template_returns_everything_as_content(post_chat, served):
     reply = await chat(post_chat, temperature=0, enable_thinking=True, reasoning_budget=2)
     assert text(reply) == PARIS
