@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mixture.h"
 #include "ops.h"
 #include "quants.h"
 
@@ -62,9 +63,16 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
             x[i] = x[i] + out[i];
 
         cpu_rms_norm(nt, x, L->ffn_norm, m->eps, B, D, h);
-        matmul(isa, nt, &L->gate_up, h, B, gu);
-        cpu_glu(gu, B, F, m->act, g);
-        matmul(isa, nt, &L->down, g, B, out);
+        if (L->moe != NULL) {
+            if (cpu_moe_ffn(isa, nt, L->moe, m->act, h, B, D, out) != 0) {
+                free(buf);
+                return -1;
+            }
+        } else {
+            matmul(isa, nt, &L->gate_up, h, B, gu);
+            cpu_glu(gu, B, F, m->act, g);
+            matmul(isa, nt, &L->down, g, B, out);
+        }
         if (L->post_ffw_norm)
             cpu_rms_norm(nt, out, L->post_ffw_norm, m->eps, B, D, out);
         for (int64_t i = 0; i < B * D; i++)
