@@ -253,7 +253,15 @@ class CpuBackend(NumpyBackend):
         return chosen, weights
 
     def mixture(
-        self, x, router_logits, expert, segments, n_used, gating="softmax", norm_topk=True, scale=1.0
+        self,
+        x,
+        router_logits,
+        expert,
+        segments,
+        n_used,
+        gating="softmax",
+        norm_topk=True,
+        scale=1.0,
     ):
         logits = self.to_host(router_logits)
         args = (n_used, gating, norm_topk, scale)

@@ -84,8 +84,13 @@ def test_a_shared_expert_runs_in_the_fused_step_as_per_op(cpu):
 
 @pytest.mark.parametrize(
     ("gating", "norm_topk", "scale"),
-    [("softmax", True, 1.0), ("softmax", False, 2.5), ("sigmoid", True, 1.0),
-     ("sigmoid", False, 0.5), ("softmax_topk", False, 1.0)],
+    [
+        ("softmax", True, 1.0),
+        ("softmax", False, 2.5),
+        ("sigmoid", True, 1.0),
+        ("sigmoid", False, 0.5),
+        ("softmax_topk", False, 1.0),
+    ],
 )
 def test_the_compiled_routing_is_the_reference_rule(cpu, gating, norm_topk, scale):
     rng = np.random.default_rng(3)
@@ -105,3 +110,26 @@ def test_the_compiled_routing_is_the_reference_rule(cpu, gating, norm_topk, scal
 def test_gpt_oss_keeps_the_per_op_step(cpu):
     # Attention sinks, expert biases and the clamped SwiGLU: not in the fused step.
     assert _load("tiny-gptoss.gguf", cpu).decode_stack is None
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "avx2", "generic"])
+def test_the_fused_moe_step_is_the_per_op_step_in_every_kernel_mode(cpu, mode):
+    """bfloat16 products (each expert's gathered rows rounded as cpu_linear rounds them),
+    and the AVX2 and portable kernels."""
+    from kernels.cpu.backend import configure_activations
+
+    ext = cpu.ext
+    if mode == "bfloat16" and mode not in ext.supported_activations():
+        pytest.skip("this CPU has no AVX-512 BF16")
+    if mode != "bfloat16" and mode not in ext.supported_isas():
+        pytest.skip(f"this CPU does not run the {mode} kernels")
+    isa = ext.isa()
+    try:
+        if mode == "bfloat16":
+            assert configure_activations("bfloat16") == "bfloat16"
+        else:
+            ext.set_isa(mode)
+        _check(_load("tiny-qwen3moe.gguf", cpu))
+    finally:
+        configure_activations("float32")
+        ext.set_isa(isa)
