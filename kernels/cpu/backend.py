@@ -6,8 +6,10 @@ and multiplies it against every row of the batch, with float32 activations, so a
 arithmetic is the same whatever else is in the batch (and however many threads run).
 Prefill (`linear_prefill`): tiles of weight rows dequantised into an L2-sized buffer and
 multiplied by a blocked micro-kernel, on the same thread pool; attention (prefill and
-decode), RMSNorm and RoPE are compiled too. Nothing on this path calls BLAS, so no second
-pool of spinning threads competes for the cores.
+decode), RMSNorm and RoPE are compiled too; so is a mixture of experts' routing (the
+per-op path's and the fused decode step's alike) and, in the fused step, its whole FFN.
+Nothing on this path calls BLAS, so no second pool of spinning threads competes for the
+cores.
 
 PANTHEON_ACTIVATIONS=bfloat16 (opt-in, AVX-512 BF16 CPUs) makes `linear` round x and the
 decoded weights to bfloat16 and sum their products in float32 (vdpbf16ps): about 1.5x the
