@@ -303,7 +303,7 @@ class CpuBackend(NumpyBackend):
             keep.append(w)
             return [(part.meta["kid"], part.data, col0) for col0, part in self._parts(w)]
 
-        def mixture(mix):
+        def experts_of(mix):
             if mix is None:
                 return None
             p = mix.params
@@ -340,7 +340,7 @@ class CpuBackend(NumpyBackend):
                 matrix(layer.attn_output),
                 matrix(layer.ffn_gate_up),
                 matrix(layer.ffn_down),
-                mixture(getattr(layer, "moe", None)),
+                experts_of(getattr(layer, "moe", None)),
             )
             for layer in layers
         ]
