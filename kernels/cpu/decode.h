@@ -69,6 +69,10 @@ typedef struct {
 int cpu_decode_layers(int isa, int nthreads, const dec_model *m, float *x, int64_t B,
                       const int64_t *slots, const int64_t *positions, const kv_cache *kv);
 
+/* out (B, N) = x (B, K) @ m.T, part by part (cpu_linear). */
+void dec_matmul(int isa, int nthreads, const dec_matrix *m, const float *x, int64_t B,
+                float *out);
+
 /* out (n, F) = act(gate_up[:, :F]) * gate_up[:, F:], gate_up (n, 2F). */
 void cpu_glu(const float *gate_up, int64_t n, int64_t F, int act, float *out);
 

@@ -146,15 +146,6 @@ static int64_t max_tasks(const dec_matrix *mats, int64_t E, int64_t used, int nt
     return (widest * used) / 16 + used * DECODE_MAX_PARTS + (int64_t)nt * 8 + 1;
 }
 
-static void matmul(int isa, int nt, const dec_matrix *m, const float *x, int64_t B,
-                   float *out) {
-    for (int p = 0; p < m->n_parts; p++) {
-        const dec_part *part = &m->part[p];
-        cpu_linear(isa, nt, part->qt, part->w, part->row_bytes, part->rows, m->K, x, B,
-                   out + part->col0, m->N);
-    }
-}
-
 /* A bump allocator over one 64-byte aligned block. */
 typedef struct {
     uint8_t *base;
@@ -172,13 +163,23 @@ int cpu_moe_ffn(int isa, int nt, const dec_moe *m, int act, const float *h, int6
     const int64_t E = m->E, k = m->k, F = m->F, n = B * k, Fs = m->Fs;
     const int64_t used = n < E ? n : E;
     const int64_t n_tasks = max_tasks(m->gate_up, E, used, nt) + max_tasks(m->down, E, used, nt);
-    const size_t f = sizeof(float);
+    const size_t f = sizeof(float), i64 = sizeof(int64_t);
+    /* n = B * k (row, expert) pairs; "gathered": their rows, grouped by expert. */
     const size_t sizes[] = {
-        (size_t)(B * E) * f,           (size_t)n * sizeof(int64_t), (size_t)n * f,
-        (size_t)E * 2 * sizeof(int64_t), (size_t)n * sizeof(int64_t), (size_t)(n * D) * f,
-        (size_t)n * (size_t)(D / 32) * 64, (size_t)(n * 2 * F) * f, (size_t)(n * F) * f,
-        (size_t)n * (size_t)(F / 32) * 64, (size_t)(n * D) * f, (size_t)(B * 3 * Fs) * f,
-        (size_t)n_tasks * sizeof(moe_task)};
+        (size_t)(B * E) * f,               /* 0 logits */
+        (size_t)n * i64,                   /* 1 chosen */
+        (size_t)n * f,                     /* 2 weights */
+        (size_t)(2 * E) * i64,             /* 3 rows per expert, first gathered row */
+        (size_t)n * i64,                   /* 4 each pair's gathered row */
+        (size_t)(n * D) * f,               /* 5 gathered inputs */
+        (size_t)n * (size_t)(D / 32) * 64, /* 6 ... rounded to bfloat16 */
+        (size_t)(n * 2 * F) * f,           /* 7 gate/up outputs */
+        (size_t)(n * F) * f,               /* 8 GLU outputs */
+        (size_t)n * (size_t)(F / 32) * 64, /* 9 ... rounded to bfloat16 */
+        (size_t)(n * D) * f,               /* 10 down outputs (and the shared expert's) */
+        (size_t)(B * 3 * Fs) * f,          /* 11 the shared expert's gate/up and GLU */
+        (size_t)n_tasks * sizeof(moe_task) /* 12 */
+    };
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         total += (sizes[i] + 63) & ~(size_t)63;
@@ -197,7 +198,7 @@ int cpu_moe_ffn(int isa, int nt, const dec_moe *m, int act, const float *h, int6
     moe_task *tasks = take(&a, sizes[12]);
     int rc = 0;
 
-    matmul(isa, nt, &m->router, h, B, logits);
+    dec_matmul(isa, nt, &m->router, h, B, logits);
     if (m->router_bias != NULL)
         for (int64_t b = 0; b < B; b++)
             for (int64_t e = 0; e < E; e++)
@@ -246,9 +247,9 @@ int cpu_moe_ffn(int isa, int nt, const dec_moe *m, int act, const float *h, int6
         }
     }
     if (Fs > 0) { /* the shared expert, added unweighted */
-        matmul(isa, nt, &m->shared_gate_up, h, B, sgu);
+        dec_matmul(isa, nt, &m->shared_gate_up, h, B, sgu);
         cpu_glu(sgu, B, Fs, act, sg);
-        matmul(isa, nt, &m->shared_down, sg, B, y);
+        dec_matmul(isa, nt, &m->shared_down, sg, B, y);
         for (int64_t i = 0; i < B * D; i++)
             out[i] = out[i] + y[i];
     }
