@@ -133,3 +133,11 @@ def test_the_fused_moe_step_is_the_per_op_step_in_every_kernel_mode(cpu, mode):
     finally:
         configure_activations("float32")
         ext.set_isa(isa)
+
+
+def test_a_malformed_mixture_is_left_to_the_per_op_path(cpu):
+    # The plan checks every expert's shape once; what it refuses runs per op (which says
+    # what is wrong when it runs).
+    model = _load("tiny-qwen3moe.gguf", cpu)
+    model.layers[1].moe.gate_up.pop()  # 7 experts' gate/up for 8 router rows
+    assert cpu.decode_stack(model.layers, model.hp, model.spec) is None
