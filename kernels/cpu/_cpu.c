@@ -770,10 +770,15 @@ static PyObject *py_moe_route(PyObject *self, PyObject *args) {
         goto done;
     }
     {
+        int rc;
         Py_BEGIN_ALLOW_THREADS;
-        cpu_moe_route((const float *)l.v.buf, n, E, k, gating, norm_topk, (float)scale,
-                      (int64_t *)c.v.buf, (float *)w.v.buf);
+        rc = cpu_moe_route((const float *)l.v.buf, n, E, k, gating, norm_topk, (float)scale,
+                           (int64_t *)c.v.buf, (float *)w.v.buf);
         Py_END_ALLOW_THREADS;
+        if (rc != 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
     }
     ret = Py_None;
     Py_INCREF(ret);

@@ -30,9 +30,12 @@ static void top_k(const double *p, int64_t n, int64_t k, int64_t *chosen) {
     }
 }
 
-void cpu_moe_route(const float *logits, int64_t n, int64_t E, int64_t k, int gating,
-                   int norm_topk, float scale, int64_t *chosen, float *weights) {
-    double p[E > 0 ? E : 1], w[k > 0 ? k : 1]; /* E: a few hundred at most */
+int cpu_moe_route(const float *logits, int64_t n, int64_t E, int64_t k, int gating,
+                  int norm_topk, float scale, int64_t *chosen, float *weights) {
+    double *p = malloc((size_t)(E + k) * sizeof(double)); /* the E scores, then the k */
+    if (p == NULL)
+        return -1;
+    double *w = p + E;
     for (int64_t r = 0; r < n; r++) {
         const float *z = logits + r * E;
         int64_t *c = chosen + r * k;
@@ -68,6 +71,8 @@ void cpu_moe_route(const float *logits, int64_t n, int64_t E, int64_t k, int gat
             weights[r * k + j] = (float)(v * (double)scale);
         }
     }
+    free(p);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ grouped products */
@@ -203,7 +208,10 @@ int cpu_moe_ffn(int isa, int nt, const dec_moe *m, int act, const float *h, int6
         for (int64_t b = 0; b < B; b++)
             for (int64_t e = 0; e < E; e++)
                 logits[b * E + e] = logits[b * E + e] + m->router_bias[e];
-    cpu_moe_route(logits, B, E, k, m->gating, m->norm_topk, m->scale, chosen, weights);
+    if (cpu_moe_route(logits, B, E, k, m->gating, m->norm_topk, m->scale, chosen, weights)) {
+        rc = -1;
+        goto done;
+    }
 
     /* Group by expert (ascending id), each expert's rows ascending; gather their inputs. */
     memset(cnt, 0, (size_t)E * sizeof(int64_t));

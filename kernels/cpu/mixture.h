@@ -16,9 +16,9 @@ enum { GATE_SOFTMAX = 0, GATE_SIGMOID = 1, GATE_SOFTMAX_TOPK = 2 };
 /* Each row's k experts, best first, and their float32 weights, from its E router logits:
  * in float64, a softmax (or sigmoid) over all E, the k largest (ties to the lower id),
  * renormalised to sum 1 with norm_topk; or (GATE_SOFTMAX_TOPK) the k largest logits,
- * softmaxed among themselves; then times scale. */
-void cpu_moe_route(const float *logits, int64_t n, int64_t E, int64_t k, int gating,
-                   int norm_topk, float scale, int64_t *chosen, float *weights);
+ * softmaxed among themselves; then times scale. Returns 0, or -1 without memory. */
+int cpu_moe_route(const float *logits, int64_t n, int64_t E, int64_t k, int gating,
+                  int norm_topk, float scale, int64_t *chosen, float *weights);
 
 /* out (B, D) = sum_j w_j expert_{e_j}(h), plus the shared expert's output where Fs > 0.
  * Returns 0, or -1 when scratch memory could not be had. */
