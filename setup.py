@@ -20,6 +20,7 @@ CPU_SOURCES = [
     "kernels/cpu/pool.c",
     "kernels/cpu/prefill.c",
     "kernels/cpu/decode.c",
+    "kernels/cpu/mixture.c",
     "kernels/cpu/kv.c",
 ]
 CPU_HEADERS = [
@@ -29,6 +30,7 @@ CPU_HEADERS = [
     "kernels/cpu/pool.h",
     "kernels/cpu/prefill.h",
     "kernels/cpu/decode.h",
+    "kernels/cpu/mixture.h",
     "kernels/cpu/kv.h",
 ]
 

@@ -80,14 +80,16 @@ def mixture(
     gating: str,
     norm_topk: bool,
     scale: float = 1.0,
+    router: Callable = route,
 ) -> Any:
     """sum_j w_j expert(e_j, x) over each row's chosen experts. `logits` (n, E) on the host;
     `expert(e, rows)` is expert e's output (m, D) for rows (m, D) of x. Rows of different
     `segments` are never grouped together (a packed prefill's chunks: each then sees the
-    row counts its own pass would)."""
+    row counts its own pass would). `router`: `route` or a backend's own of the same rule
+    (the compiled CPU backend's, so that its per-op path routes as its fused step does)."""
     xp = array_module(x)
     n = x.shape[0]
-    chosen, weights = route(logits, n_used, gating, norm_topk, scale)
+    chosen, weights = router(logits, n_used, gating, norm_topk, scale)
 
     def index(a: np.ndarray):
         return a if xp is np else xp.asarray(a)

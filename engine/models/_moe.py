@@ -9,7 +9,9 @@ by expert: each chosen expert is one product over every row routed to it (decode
 rows of the step share its weight read; prefill: the chunk's tokens).
 
 Routing, grouping and the weighted sum are the backend's (`Backend.mixture`,
-kernels/moe.py); the expert products are the step's `linear` here. Batch invariance:
+kernels/moe.py); the expert products are the step's `linear` here. The compiled CPU
+backend routes in C (`CpuBackend.route`) and runs a decode step's whole mixture in its
+one-call decode stack (kernels/cpu/mixture.c), bitwise this path. Batch invariance:
 routing is row-wise (softmax or sigmoid over the row's own logits, a stable top-k), each
 expert product goes through the step's `linear` (row-invariant for decode), and the k
 outputs are summed in rank order (highest router weight first), so a row's result is the

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "decode.h"
+#include "mixture.h"
 #include "ops.h"
 #include "prefill.h"
 #include "quants.h"
@@ -741,12 +742,70 @@ done:
     return ret;
 }
 
+/* moe_route(logits, k, gating, norm_topk, scale, chosen, weights): each row of logits
+ * (n, E) float32 routed to its k experts, best first: chosen (n, k) int64 and weights
+ * (n, k) float32 (cpu_moe_route; gating 0 softmax, 1 sigmoid, 2 softmax_topk). The
+ * routing of the per-op path and of the fused step alike. */
+static PyObject *py_moe_route(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ol, *oc, *ow;
+    Py_ssize_t k;
+    int gating, norm_topk;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OnipdOO:moe_route", &ol, &k, &gating, &norm_topk, &scale, &oc,
+                          &ow))
+        return NULL;
+    Buf l = {0}, c = {0}, w = {0};
+    PyObject *ret = NULL;
+    if (get(ol, &l, "logits", 2, F32, 0) || get(oc, &c, "chosen", 2, I64, 1) ||
+        get(ow, &w, "weights", 2, F32, 1))
+        goto done;
+    const Py_ssize_t n = dim(&l, 0), E = dim(&l, 1);
+    if (k < 1 || k > E || gating < GATE_SOFTMAX || gating > GATE_SOFTMAX_TOPK ||
+        dim(&c, 0) != n || dim(&c, 1) != k || dim(&w, 0) != n || dim(&w, 1) != k) {
+        PyErr_Format(PyExc_ValueError,
+                     "moe_route: need 1 <= k <= E = %zd, gating 0..2, chosen and weights (%zd, "
+                     "k)",
+                     E, n);
+        goto done;
+    }
+    {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS;
+        rc = cpu_moe_route((const float *)l.v.buf, n, E, k, gating, norm_topk, (float)scale,
+                           (int64_t *)c.v.buf, (float *)w.v.buf);
+        Py_END_ALLOW_THREADS;
+        if (rc != 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(&l);
+    release(&c);
+    release(&w);
+    return ret;
+}
+
 /* A compiled plan: the layers' pointers, and the Python objects that own that memory
  * (held until the plan is dropped). */
 typedef struct {
     dec_model model;
+    dec_moe *moes; /* n_layer, where a layer's `moe` points (zeroed for dense layers) */
     PyObject *keep;
 } DecodePlan;
+
+static void moes_free(dec_moe *moes, Py_ssize_t n) {
+    if (moes == NULL)
+        return;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        free(moes[i].gate_up);
+        free(moes[i].down);
+    }
+    free(moes);
+}
 
 static const char *PLAN_NAME = "kernels._cpu.decode_plan";
 
@@ -754,6 +813,7 @@ static void plan_free(PyObject *capsule) {
     DecodePlan *p = PyCapsule_GetPointer(capsule, PLAN_NAME);
     if (p == NULL)
         return;
+    moes_free(p->moes, p->model.n_layer);
     free(p->model.layers);
     Py_XDECREF(p->keep);
     free(p);
@@ -832,10 +892,65 @@ done:
     return rc;
 }
 
+/* A list of E matrices (each a list of parts) of N x K into a fresh array. */
+static int plan_matrices(PyObject *o, const char *name, Py_ssize_t E, Py_ssize_t N,
+                         Py_ssize_t K, dec_matrix **out) {
+    PyObject *seq = PySequence_Fast(o, "decode_plan: experts must be a list of matrices");
+    if (seq == NULL)
+        return -1;
+    int rc = -1;
+    if (PySequence_Fast_GET_SIZE(seq) != E) {
+        PyErr_Format(PyExc_ValueError, "decode_plan: %s must hold %zd experts", name, E);
+        goto done;
+    }
+    *out = calloc((size_t)E, sizeof(dec_matrix));
+    if (*out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t e = 0; e < E; e++)
+        if (plan_matrix(PySequence_Fast_GET_ITEM(seq, e), name, N, K, &(*out)[e]))
+            goto done;
+    rc = 0;
+done:
+    Py_DECREF(seq);
+    return rc;
+}
+
+/* A layer's mixture: (E, k, F, gating, norm_topk, scale, router, router_bias, gate_ups,
+ * downs, Fs, shared_gate_up, shared_down); gating 0 softmax, 1 sigmoid, 2 softmax_topk
+ * (mixture.h); the shared expert's matrices None where Fs is 0. */
+static int plan_moe(PyObject *o, Py_ssize_t D, dec_moe *m) {
+    Py_ssize_t E, k, F, Fs;
+    int gating, norm_topk;
+    double scale;
+    PyObject *orouter, *obias, *ogus, *odowns, *osgu, *osdown;
+    if (!PyArg_ParseTuple(o, "nnnipdOOOOnOO:decode_plan moe", &E, &k, &F, &gating, &norm_topk,
+                          &scale, &orouter, &obias, &ogus, &odowns, &Fs, &osgu, &osdown))
+        return -1;
+    if (E < 1 || k < 1 || k > E || F < 1 || Fs < 0 || gating < GATE_SOFTMAX ||
+        gating > GATE_SOFTMAX_TOPK) {
+        PyErr_SetString(PyExc_ValueError, "decode_plan: bad mixture dims");
+        return -1;
+    }
+    *m = (dec_moe){E, k, F, gating, norm_topk, (float)scale};
+    m->Fs = Fs;
+    if (plan_matrix(orouter, "router", E, D, &m->router) ||
+        plan_vector(obias, "router_bias", E, 1, &m->router_bias) ||
+        plan_matrices(ogus, "expert gate_up", E, 2 * F, D, &m->gate_up) ||
+        plan_matrices(odowns, "expert down", E, D, F, &m->down))
+        return -1;
+    if (Fs > 0 && (plan_matrix(osgu, "shared gate_up", 2 * Fs, D, &m->shared_gate_up) ||
+                   plan_matrix(osdown, "shared down", D, Fs, &m->shared_down)))
+        return -1;
+    return 0;
+}
+
 /* decode_plan(dims, layers, keep) -> plan. dims: (D, H, Hkv, Dh, F, eps, scale, softcap,
  * neox, act). layers: a tuple per layer, (attn_norm, ffn_norm, qkv_bias, q_norm, k_norm,
- * post_attention_norm, post_ffw_norm, cos, sin, window, qkv, out, gate_up, down), the
- * optional vectors None when absent, each matrix a list of (qtype, blocks, col0). keep:
+ * post_attention_norm, post_ffw_norm, cos, sin, window, qkv, out, gate_up, down, moe), the
+ * optional vectors None when absent, each matrix a list of (qtype, blocks, col0); moe
+ * None, or a mixture (plan_moe) with gate_up and down None. keep:
  * any object holding every array the layers name (the plan keeps a reference). */
 static PyObject *py_decode_plan(PyObject *self, PyObject *args) {
     (void)self;
@@ -861,18 +976,22 @@ static PyObject *py_decode_plan(PyObject *self, PyObject *args) {
     mdl = (dec_model){(int)n_layer, NULL, D, H, Hkv, Dh, F, (float)eps, (float)scale,
                       (float)softcap, neox, act};
     mdl.layers = calloc(n_layer > 0 ? (size_t)n_layer : 1, sizeof(dec_layer));
-    if (mdl.layers == NULL) {
+    dec_moe *moes = calloc(n_layer > 0 ? (size_t)n_layer : 1, sizeof(dec_moe));
+    if (mdl.layers == NULL || moes == NULL) {
         Py_DECREF(seq);
+        free(mdl.layers);
+        free(moes);
         return PyErr_NoMemory();
     }
     const Py_ssize_t Dq = H * Dh, Nqkv = Dq + 2 * Hkv * Dh;
     for (Py_ssize_t li = 0; li < n_layer; li++) {
         dec_layer *L = &mdl.layers[li];
         PyObject *an, *fn, *bias, *qn, *kn, *pan, *pfn, *oc, *os, *oqkv, *oout, *ogu, *odown;
+        PyObject *omoe;
         Py_ssize_t window;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, li), "OOOOOOOOOnOOOO", &an, &fn,
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, li), "OOOOOOOOOnOOOOO", &an, &fn,
                               &bias, &qn, &kn, &pan, &pfn, &oc, &os, &window, &oqkv, &oout, &ogu,
-                              &odown))
+                              &odown, &omoe))
             goto fail;
         if (plan_vector(an, "attn_norm", D, 0, &L->attn_norm) ||
             plan_vector(fn, "ffn_norm", D, 0, &L->ffn_norm) ||
@@ -902,29 +1021,38 @@ static PyObject *py_decode_plan(PyObject *self, PyObject *args) {
             goto fail;
         }
         L->window = window;
-        if (plan_matrix(oqkv, "qkv", Nqkv, D, &L->qkv) || plan_matrix(oout, "out", D, Dq, &L->out) ||
-            plan_matrix(ogu, "gate_up", 2 * F, D, &L->gate_up) ||
-            plan_matrix(odown, "down", D, F, &L->down))
+        if (plan_matrix(oqkv, "qkv", Nqkv, D, &L->qkv) || plan_matrix(oout, "out", D, Dq, &L->out))
+            goto fail;
+        if (omoe != Py_None) {
+            if (plan_moe(omoe, D, &moes[li]))
+                goto fail;
+            L->moe = &moes[li];
+        } else if (plan_matrix(ogu, "gate_up", 2 * F, D, &L->gate_up) ||
+                   plan_matrix(odown, "down", D, F, &L->down))
             goto fail;
     }
     Py_DECREF(seq);
     DecodePlan *plan = malloc(sizeof(DecodePlan));
     if (plan == NULL) {
+        moes_free(moes, n_layer);
         free(mdl.layers);
         return PyErr_NoMemory();
     }
     plan->model = mdl;
+    plan->moes = moes;
     plan->keep = keep;
     Py_INCREF(keep);
     PyObject *cap = PyCapsule_New(plan, PLAN_NAME, plan_free);
     if (cap == NULL) {
         Py_DECREF(keep);
+        moes_free(moes, n_layer);
         free(mdl.layers);
         free(plan);
     }
     return cap;
 fail:
     Py_DECREF(seq);
+    moes_free(moes, n_layer);
     free(mdl.layers);
     return NULL;
 }
@@ -1144,6 +1272,9 @@ static PyMethodDef methods[] = {
     {"glu", (PyCFunction)(void (*)(void))py_glu, METH_VARARGS | METH_KEYWORDS,
      "glu(gate_up, act, out): out (n, F) = act(gate_up[:, :F]) * gate_up[:, F:];\n"
      "act 0 silu, 1 gelu_tanh."},
+    {"moe_route", py_moe_route, METH_VARARGS,
+     "moe_route(logits, k, gating, norm_topk, scale, chosen, weights): each row's k experts\n"
+     "and their weights (kernels/cpu/mixture.h), into chosen (n, k) int64, weights (n, k)."},
     {"decode_plan", py_decode_plan, METH_VARARGS,
      "decode_plan(dims, layers, keep) -> plan: a decoder stack's weights, checked once, for\n"
      "decode_layers (see kernels/cpu_backend.py's decode_stack for the shapes)."},

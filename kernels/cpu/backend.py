@@ -6,8 +6,10 @@ and multiplies it against every row of the batch, with float32 activations, so a
 arithmetic is the same whatever else is in the batch (and however many threads run).
 Prefill (`linear_prefill`): tiles of weight rows dequantised into an L2-sized buffer and
 multiplied by a blocked micro-kernel, on the same thread pool; attention (prefill and
-decode), RMSNorm and RoPE are compiled too. Nothing on this path calls BLAS, so no second
-pool of spinning threads competes for the cores.
+decode), RMSNorm and RoPE are compiled too; so is a mixture of experts' routing (the
+per-op path's and the fused decode step's alike) and, in the fused step, its whole FFN.
+Nothing on this path calls BLAS, so no second pool of spinning threads competes for the
+cores.
 
 PANTHEON_ACTIVATIONS=bfloat16 (opt-in, AVX-512 BF16 CPUs) makes `linear` round x and the
 decoded weights to bfloat16 and sum their products in float32 (vdpbf16ps): about 1.5x the
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kernels import moe
 from kernels.backend import BLOCKS, DENSE
 from kernels.cpu import load_extension
 from kernels.devices import threads
@@ -39,6 +42,8 @@ log = logging.getLogger("pantheon.engine")
 
 # The compiled activations of the gated FFN (kernels/cpu/decode.h).
 GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+# The compiled routings of a mixture of experts (kernels/cpu/mixture.h).
+MOE_GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_topk": 2}
 
 # Prompt chunks at most this long go through the decode kernel (no dequantised tile).
 PREFILL_DIRECT_ROWS = 4
@@ -233,19 +238,52 @@ class CpuBackend(NumpyBackend):
         kv.note_written(where[0], where[1] + 1)
         return out
 
+    # ---- mixture of experts: routed in C ----
+
+    def route(self, logits, n_used: int, gating: str, norm_topk: bool, scale: float = 1.0):
+        """kernels/moe.py's `route` (the same rule) computed by the kernels' own C
+        (mixture.c), which the fused decode step routes with too: the two paths then
+        agree to the bit even where C's exp and numpy's differ in a last place."""
+        if gating not in MOE_GATINGS:
+            raise ValueError(f"expert gating {gating!r}: use one of {tuple(MOE_GATINGS)}")
+        logits = np.ascontiguousarray(logits, dtype=np.float32)
+        chosen = np.empty((logits.shape[0], n_used), dtype=np.int64)
+        weights = np.empty((logits.shape[0], n_used), dtype=np.float32)
+        self.ext.moe_route(
+            logits, int(n_used), MOE_GATINGS[gating], bool(norm_topk), float(scale), chosen, weights
+        )
+        return chosen, weights
+
+    def mixture(
+        self,
+        x,
+        router_logits,
+        expert,
+        segments,
+        n_used,
+        gating="softmax",
+        norm_topk=True,
+        scale=1.0,
+    ):
+        logits = self.to_host(router_logits)
+        args = (n_used, gating, norm_topk, scale)
+        return moe.mixture(x, logits, expert, segments, *args, router=self.route)
+
     # ---- the fused decode step ----
 
     def decode_stack(self, layers, hp, spec):
-        """Every layer of a decode step in one C call (kernels/cpu/decode.c), bitwise the
-        per-op path above; None where a layer has what that call does not do (partial
-        RoPE, an activation it lacks, mixture-of-experts layers)."""
+        """Every layer of a decode step in one C call (kernels/cpu/decode.c; a mixture of
+        experts' FFN: kernels/cpu/mixture.c), bitwise the per-op path above; None where a
+        layer has what that call does not do (partial RoPE, an activation it lacks, expert
+        biases)."""
         if os.environ.get("PANTHEON_CPU_FUSED_DECODE", "1") == "0":
             return None  # the per-op path, for A/B measurements
         if spec.activation not in GLU_ACTIVATIONS or not layers:
             return None
         for layer in layers:
-            if getattr(layer, "moe", None) is not None:  # experts: routed on the host
-                return None
+            mix = getattr(layer, "moe", None)
+            if mix is not None and (mix.gate_up_bias is not None or mix.down_bias is not None):
+                return None  # gpt-oss's expert biases (its sinks and activation, too)
             if layer.rope.cos.shape[1] * 2 != hp.head_dim:
                 return None
             if (layer.attn_q_norm is None) != (layer.attn_k_norm is None):
@@ -259,9 +297,32 @@ class CpuBackend(NumpyBackend):
             keep.append(v)
             return v
 
-        def matrix(w: Weight):
+        def matrix(w: Weight | None):
+            if w is None:
+                return None
             keep.append(w)
             return [(part.meta["kid"], part.data, col0) for col0, part in self._parts(w)]
+
+        def experts_of(mix):
+            if mix is None:
+                return None
+            p = mix.params
+            shared = mix.shared_down.shape[1] if mix.shared_down is not None else 0
+            return (
+                p.n_expert,
+                p.n_used,
+                p.d_ff,
+                MOE_GATINGS[p.gating],
+                bool(p.norm_topk),
+                float(p.scale),
+                matrix(mix.router),
+                vector(mix.router_bias),
+                [matrix(w) for w in mix.gate_up],
+                [matrix(w) for w in mix.down],
+                shared,
+                matrix(mix.shared_gate_up),
+                matrix(mix.shared_down),
+            )
 
         rows = [
             (
@@ -279,6 +340,7 @@ class CpuBackend(NumpyBackend):
                 matrix(layer.attn_output),
                 matrix(layer.ffn_gate_up),
                 matrix(layer.ffn_down),
+                experts_of(getattr(layer, "moe", None)),
             )
             for layer in layers
         ]
@@ -287,7 +349,7 @@ class CpuBackend(NumpyBackend):
             hp.n_head,
             hp.n_kv_head,
             hp.head_dim,
-            hp.d_ff,
+            max(hp.d_ff, 1),  # a mixture's model may declare no dense width
             float(hp.eps),
             1.0 / math.sqrt(hp.head_dim),
             float(spec.attn_softcap),

@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mixture.h"
 #include "ops.h"
 #include "quants.h"
 
-static void matmul(int isa, int nt, const dec_matrix *m, const float *x, int64_t B,
-                   float *out) {
+void dec_matmul(int isa, int nt, const dec_matrix *m, const float *x, int64_t B, float *out) {
     for (int p = 0; p < m->n_parts; p++) {
         const dec_part *part = &m->part[p];
         cpu_linear(isa, nt, part->qt, part->w, part->row_bytes, part->rows, m->K, x, B,
@@ -37,7 +37,7 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
     for (int li = 0; li < m->n_layer; li++) {
         const dec_layer *L = &m->layers[li];
         cpu_rms_norm(nt, x, L->attn_norm, m->eps, B, D, h);
-        matmul(isa, nt, &L->qkv, h, B, qkv);
+        dec_matmul(isa, nt, &L->qkv, h, B, qkv);
         for (int64_t b = 0; b < B; b++) {
             float *row = qkv + b * Nqkv;
             if (L->qkv_bias)
@@ -55,16 +55,23 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
         cpu_rope(nt, k, positions, L->cos, L->sin, B, Hkv, Dh, m->neox);
         cpu_attention_decode(nt, q, k, v, kv, li, slots, positions, B, H, Hkv, Dh, m->scale,
                              L->window, m->softcap, NULL, attn);
-        matmul(isa, nt, &L->out, attn, B, out);
+        dec_matmul(isa, nt, &L->out, attn, B, out);
         if (L->post_attention_norm)
             cpu_rms_norm(nt, out, L->post_attention_norm, m->eps, B, D, out);
         for (int64_t i = 0; i < B * D; i++)
             x[i] = x[i] + out[i];
 
         cpu_rms_norm(nt, x, L->ffn_norm, m->eps, B, D, h);
-        matmul(isa, nt, &L->gate_up, h, B, gu);
-        cpu_glu(gu, B, F, m->act, g);
-        matmul(isa, nt, &L->down, g, B, out);
+        if (L->moe != NULL) {
+            if (cpu_moe_ffn(isa, nt, L->moe, m->act, h, B, D, out) != 0) {
+                free(buf);
+                return -1;
+            }
+        } else {
+            dec_matmul(isa, nt, &L->gate_up, h, B, gu);
+            cpu_glu(gu, B, F, m->act, g);
+            dec_matmul(isa, nt, &L->down, g, B, out);
+        }
         if (L->post_ffw_norm)
             cpu_rms_norm(nt, out, L->post_ffw_norm, m->eps, B, D, out);
         for (int64_t i = 0; i < B * D; i++)

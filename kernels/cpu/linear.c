@@ -624,6 +624,29 @@ void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_byte
     linear_run(&job, nthreads);
 }
 
+/* See quants.h: the row kernels cpu_linear would pick, for drivers that hand out rows
+ * themselves (mixture.c), and the bfloat16 rounding of x it does first. */
+linear_pick cpu_linear_pick(int isa, int qt) {
+    linear_pick p = {linear_kernel(isa, qt), NULL};
+#if defined(PANTHEON_X86) && defined(BF16DOT)
+    if (cpu_activations(isa) == ACT_BFLOAT16)
+        p.bf = linear_bf_for_avx512(qt);
+#endif
+    return p;
+}
+
+int cpu_linear_round_x(int isa, const float *x, int64_t B, int64_t K, void *xb) {
+#if defined(PANTHEON_X86) && defined(BF16DOT)
+    if (cpu_activations(isa) == ACT_BFLOAT16) {
+        if (K / 32 > 0)
+            x_to_bf16_avx512(x, B, K, xb);
+        return 1;
+    }
+#endif
+    (void)isa, (void)x, (void)B, (void)K, (void)xb;
+    return 0;
+}
+
 typedef struct {
     dequant_row_fn fn;
     const uint8_t *w;

@@ -66,6 +66,15 @@ int cpu_activations(int isa); /* what cpu_linear computes with at that ISA */
 /* Threaded drivers (OpenMP). */
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
                 int64_t K, const float *x, int64_t B, float *out, int64_t ldo);
+/* The row kernels cpu_linear runs for (isa, qt) with the activations in use: bf is set
+ * where it runs bfloat16 products (then x goes in rounded: cpu_linear_round_x, 64 bytes
+ * per 32 values of a row, into xb; it returns 0 and writes nothing for float32 ones). */
+typedef struct {
+    linear_rows_fn fn;
+    linear_bf_rows_fn bf;
+} linear_pick;
+linear_pick cpu_linear_pick(int isa, int qt);
+int cpu_linear_round_x(int isa, const float *x, int64_t B, int64_t K, void *xb);
 void cpu_dequantize(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes,
                     int64_t R, int64_t K, float *out);
 
