@@ -165,6 +165,8 @@ class LayerWeights:
 class Prefill:
     """A chunk of T prompt tokens of one sequence at positions start.. on one slot."""
 
+    prefill = True
+
     def __init__(self, backend: Backend, kv, slot: int, start: int, n: int):
         self.backend, self.kv, self.slot, self.start = backend, kv, slot, start
         self.positions = np.arange(start, start + n)
@@ -188,6 +190,8 @@ class PackedPrefill:
     its own `Prefill` pass gives, whatever it is packed with; the gain is one walk over
     the weights (and one Python pass over the layers) for all of them."""
 
+    prefill = True
+
     def __init__(self, backend: Backend, kv, chunks: Sequence[tuple[int, int, int]]):
         # chunks: (slot, start, n) in row order
         self.backend, self.kv, self.chunks = backend, kv, list(chunks)
@@ -206,6 +210,8 @@ class PackedPrefill:
 
 class Decode:
     """One new token for each of B sequences: row b at positions[b] on slots[b]."""
+
+    prefill = False
 
     def __init__(self, backend: Backend, kv, slots: Sequence[int], positions: np.ndarray):
         self.backend, self.kv, self.slots, self.positions = backend, kv, slots, positions

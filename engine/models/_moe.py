@@ -94,6 +94,9 @@ class MoeWeights:
     router_bias: Any = None
     gate_up_bias: list | None = None
     down_bias: list | None = None
+    # The whole FFN of a prefill's rows in one compiled call (the CPU backend's, from its
+    # fused decode plan: kernels/cpu/backend.py), or None: the products one by one.
+    prefill_ffn: Any = None
 
     @property
     def nbytes(self) -> int:
@@ -106,6 +109,8 @@ class MoeWeights:
         """The FFN of n normed rows h (n, D) on `step` (the block's Prefill, PackedPrefill
         or Decode): (n, D)."""
         p = self.params
+        if self.prefill_ffn is not None and getattr(step, "prefill", False):
+            return self.prefill_ffn(h)
 
         def expert(e: int, rows):
             gate_up = step.linear(rows, self.gate_up[e])

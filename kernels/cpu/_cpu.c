@@ -1129,6 +1129,53 @@ done:
     return ret;
 }
 
+/* moe_ffn(plan, layer, h, out): the plan's mixture of `layer` (cpu_moe_ffn) for the rows
+ * h (n, D) float32 into out (n, D): each row's bits those of the fused decode step, alone
+ * or with any others (a prefill's many rows, several prompts' packed). */
+static PyObject *py_moe_ffn(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ocap, *oh, *oo;
+    int layer;
+    if (!PyArg_ParseTuple(args, "OiOO:moe_ffn", &ocap, &layer, &oh, &oo))
+        return NULL;
+    DecodePlan *plan = PyCapsule_GetPointer(ocap, PLAN_NAME);
+    if (plan == NULL)
+        return NULL;
+    const dec_model *m = &plan->model;
+    if (layer < 0 || layer >= m->n_layer || m->layers[layer].moe == NULL) {
+        PyErr_Format(PyExc_ValueError, "moe_ffn: layer %d of the plan has no mixture", layer);
+        return NULL;
+    }
+    Buf h = {0}, o = {0};
+    PyObject *ret = NULL;
+    if (get(oh, &h, "h", 2, F32, 0) || get(oo, &o, "out", 2, F32, 1))
+        goto done;
+    const Py_ssize_t n = dim(&h, 0);
+    if (dim(&h, 1) != m->D || dim(&o, 0) != n || dim(&o, 1) != m->D || overlap(&h, &o)) {
+        PyErr_Format(PyExc_ValueError, "moe_ffn: h and out must be two separate (n, %lld) arrays",
+                     (long long)m->D);
+        goto done;
+    }
+    if (n > 0) {
+        const int isa = g_isa, nt = g_threads;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS;
+        rc = cpu_moe_ffn(isa, nt, m->layers[layer].moe, m->act, (const float *)h.v.buf, n, m->D,
+                         (float *)o.v.buf);
+        Py_END_ALLOW_THREADS;
+        if (rc != 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    release(&h);
+    release(&o);
+    return ret;
+}
+
 /* ------------------------------------------------------------------ tokenizer helper */
 
 /* spm_pairs(tokens, normal, vocab) -> (owners, lefts, rights), three bytes objects of
@@ -1281,6 +1328,9 @@ static PyMethodDef methods[] = {
     {"decode_layers", py_decode_layers, METH_VARARGS,
      "decode_layers(plan, x, slots, positions, kcache, vcache): one decode step of every\n"
      "layer for x (B, D) in place, bitwise the per-op kernels' result."},
+    {"moe_ffn", py_moe_ffn, METH_VARARGS,
+     "moe_ffn(plan, layer, h, out): the plan's mixture of that layer for rows h (n, D) into\n"
+     "out (n, D), each row the bits the fused decode step gives it (kernels/cpu/mixture.h)."},
     {"spm_pairs", py_spm_pairs, METH_VARARGS,
      "spm_pairs(tokens, normal, vocab) -> (owners, lefts, rights): int64 bytes of every split\n"
      "of a normal piece into two vocabulary pieces (SentencePiece merges, tokenizer.py)."},

@@ -23,6 +23,7 @@ model reports which (`DecoderModel.fallback_types`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -363,6 +364,10 @@ class CpuBackend(NumpyBackend):
             # it and says what is wrong when it does.
             return None
         ext = self.ext
+        if self.activations == "float32":  # bfloat16 products stay decode's (as linear_prefill)
+            for li, layer in enumerate(layers):
+                if getattr(layer, "moe", None) is not None:
+                    layer.moe.prefill_ffn = functools.partial(_moe_ffn, ext, plan, li)
 
         def run(x, slots, positions, kv) -> np.ndarray:
             x = np.array(x, dtype=np.float32, order="C")  # a copy, updated in place
@@ -373,3 +378,12 @@ class CpuBackend(NumpyBackend):
             return x
 
         return run
+
+
+def _moe_ffn(ext, plan, layer: int, h) -> np.ndarray:
+    """A mixture layer's FFN for a prefill's rows in one compiled call (the fused decode
+    step's, so each row's bits are what that step gives it, alone or packed with others)."""
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    out = np.empty_like(h)
+    ext.moe_ffn(plan, layer, h, out)
+    return out

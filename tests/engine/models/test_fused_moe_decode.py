@@ -141,3 +141,31 @@ def test_a_malformed_mixture_is_left_to_the_per_op_path(cpu):
     model = _load("tiny-qwen3moe.gguf", cpu)
     model.layers[1].moe.gate_up.pop()  # 7 experts' gate/up for 8 router rows
     assert cpu.decode_stack(model.layers, model.hp, model.spec) is None
+
+
+def test_a_prefill_runs_each_mixture_layer_in_one_compiled_call(cpu, monkeypatch):
+    """A prefill's mixture layers go through the fused plan's mixture (one call a layer,
+    not one per expert and prompt): a prompt's logits are the same bits alone or packed
+    with others, and within 1e-4 of the per-op products (PANTHEON_CPU_FUSED_DECODE=0: no
+    plan, no compiled call)."""
+    model = _load("tiny-qwen3moe.gguf", cpu)
+    assert all(layer.moe.prefill_ffn is not None for layer in model.layers)
+    calls = []
+    for layer in model.layers:
+        ffn = layer.moe.prefill_ffn
+        layer.moe.prefill_ffn = lambda h, ffn=ffn: calls.append(len(h)) or ffn(h)
+    prompts = [(np.arange(n) * (s + 3) + 1) % 200 for s, n in enumerate((40, 23, 57))]
+    kv = model.make_kv_cache(3, 96)
+    alone = [model.forward(p, 0, kv, s) for s, p in enumerate(prompts)]
+    assert calls == [n for n in (40, 23, 57) for _ in model.layers]
+    kv = model.make_kv_cache(3, 96)
+    packed = model.forward_packed([(p, 0, s) for s, p in enumerate(prompts)], kv)
+    for a, b in zip(alone, packed, strict=True):
+        assert np.array_equal(a, b)
+
+    monkeypatch.setenv("PANTHEON_CPU_FUSED_DECODE", "0")
+    per_op = _load("tiny-qwen3moe.gguf", cpu)
+    assert all(layer.moe.prefill_ffn is None for layer in per_op.layers)
+    kv = per_op.make_kv_cache(3, 96)
+    for s, p in enumerate(prompts):
+        np.testing.assert_allclose(per_op.forward(p, 0, kv, s), alone[s], rtol=1e-4, atol=1e-4)
