@@ -160,3 +160,15 @@ def gemma3_f32(reference_dir: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def tiny_f32(reference_dir: Path) -> dict[str, Any]:
     return json.loads((reference_dir / "tiny" / "tiny_models_f32.json").read_text("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    """The compiled CPU backend (kernels._cpu); skipped, or failed under
+    PANTHEON_TESTS_STRICT, where it is not built."""
+    from kernels import get_backend
+
+    try:
+        return get_backend("cpu")
+    except ValueError as exc:
+        skip_or_fail(str(exc))

@@ -14,16 +14,7 @@ from engine.models import architecture_module
 from kernels import get_backend
 from kernels.weights import STACK, Weight
 from tests.engine.models.test_batch_invariance import check_batch_invariance
-from tests.support import skip_or_fail
 from tests.tiny_gguf import write_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    try:
-        return get_backend("cpu")
-    except ValueError as exc:
-        skip_or_fail(str(exc))
 
 
 def _load(path, backend):

@@ -10,15 +10,6 @@ import pytest
 from engine.loading.gguf_file import GGUFFile
 from engine.models import architecture_module
 from kernels import get_backend
-from tests.support import skip_or_fail
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    try:
-        return get_backend("cpu")
-    except ValueError as exc:
-        skip_or_fail(str(exc))
 
 
 def _load(path, backend):

@@ -8,26 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.loading.gguf_file import GGUFFile
-from engine.models import architecture_module
-from kernels import get_backend
 from kernels.moe import route
 from tests.engine.models.test_batch_invariance import TINY
 from tests.engine.models.test_fused_decode import _check, _prefilled
-from tests.support import skip_or_fail
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    try:
-        return get_backend("cpu")
-    except ValueError as exc:
-        skip_or_fail(str(exc))
+from tests.engine.models.test_fused_decode import _load as load_path
 
 
 def _load(name, backend):
-    gf = GGUFFile(TINY / name)
-    return architecture_module(gf.architecture).load(gf, backend=backend)
+    return load_path(TINY / name, backend)
 
 
 @pytest.fixture

@@ -12,14 +12,6 @@ from engine.models import architecture_module
 from kernels import get_backend
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    try:
-        return get_backend("cpu")
-    except ValueError as exc:
-        pytest.skip(str(exc))
-
-
 def _load(path, backend):
     gf = GGUFFile(path)
     return architecture_module(gf.architecture).load(gf, backend=backend)
