@@ -217,9 +217,9 @@ class Dispatcher:
         answer 404 not found), and the registry records no instance as gone for good (one
         restarted under the same id serves its stored responses again), so the client is
         told to retry."""
-        inst = placement.pinned(instances, held, None)
         if held in exclude:  # it took this very request and failed
             raise holder_unavailable(response_id)
+        inst = placement.pinned(instances, held, None)
         # A killed instance is back (restarted by its supervisor, reloaded) within seconds:
         # the request waits for it rather than answer 503 at once. The first read is fresh
         # because the cached list may predate its return.

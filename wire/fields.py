@@ -36,6 +36,13 @@ EFFORT_BUDGETS: dict[str, tuple[bool, int]] = {
     "max": (True, 0),
 }
 
+
+def effort_thinking(effort: str) -> tuple[bool, int | None]:
+    """(thinking on?, its reasoning budget: None where thinking is off) for an effort."""
+    thinking, budget = EFFORT_BUDGETS[effort]
+    return thinking, budget if thinking else None
+
+
 # One free-form text of a request (a message's content, a tool's description, a call's
 # arguments, a description that only rides along): at most this many characters, whether
 # or not the template puts it in the prompt. About a million tokens: longer than any

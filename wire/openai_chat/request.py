@@ -38,7 +38,7 @@ from pantheon_platform.strict_json import (
     parse_json_object,
 )
 from pantheon_platform.tenancy import SESSION_ID_MAX
-from wire.fields import EFFORT_BUDGETS
+from wire.fields import EFFORT_BUDGETS, effort_thinking
 from wire.openai_chat.prediction import PredictionField
 
 # What the sampling fields are clamped to (not refused): the contract's ranges.
@@ -345,8 +345,7 @@ class ChatCompletionRequest(serializers.Serializer):
         value = value if value is not None else data.get("max_reasoning_tokens")
         effort = data.get("reasoning_effort")
         if value is None and effort is not None:
-            thinking, budget = EFFORT_BUDGETS[effort]
-            return budget if thinking else None
+            return effort_thinking(effort)[1]
         return value
 
     def requested_thinking(self) -> bool | None:
@@ -355,7 +354,7 @@ class ChatCompletionRequest(serializers.Serializer):
         value = data.get("enable_thinking")
         effort = data.get("reasoning_effort")
         if value is None and effort is not None:
-            return EFFORT_BUDGETS[effort][0]
+            return effort_thinking(effort)[0]
         return value
 
     @property

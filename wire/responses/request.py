@@ -38,6 +38,7 @@ from wire.fields import (
     Shape,
     String,
     Table,
+    effort_thinking,
 )
 from wire.responses.conversation import ITEMS, input_messages
 
@@ -335,8 +336,7 @@ def _reasoning(value: dict, path: str) -> tuple[dict, bool | None, int | None]:
             f"reasoning.effort: expected one of {', '.join(EFFORT_BUDGETS)}",
             param="reasoning.effort",
         )
-    thinking, budget = EFFORT_BUDGETS[effort]
-    return echo, thinking, budget if thinking else None
+    return echo, *effort_thinking(effort)
 
 
 def _speculation(value: object, path: str) -> str:
