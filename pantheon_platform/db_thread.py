@@ -21,6 +21,19 @@ from pantheon_platform.errors import ApiError
 LOCKED_RETRY_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)  # waits between tries on a locked database
 
 
+class DatabaseBusy(ApiError):
+    """The database stayed locked through every retry: a 503 server_busy to a client;
+    background writers (the batch runner) catch it and try the work again later."""
+
+    def __init__(self):
+        super().__init__(
+            503,
+            "the database is busy (locked by another writer); retry",
+            "server_busy",
+            headers={"Retry-After": "1"},
+        )
+
+
 def is_locked(exc: OperationalError) -> bool:
     return "locked" in str(exc)
 
@@ -37,11 +50,6 @@ async def on_db_thread(work, *args):
                 time.sleep(delay)
             finally:
                 connection.close()
-        raise ApiError(
-            503,
-            "the database is busy (locked by another writer); retry",
-            "server_busy",
-            headers={"Retry-After": "1"},
-        )
+        raise DatabaseBusy()
 
     return await sync_to_async(run, thread_sensitive=False)()

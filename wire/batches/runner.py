@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from observability.metrics import BATCH_LINES
 from pantheon_platform import shutdown
+from pantheon_platform.db_thread import DatabaseBusy
 from pantheon_platform.runtime import get_runtime
 from wire.batches import store, validate
 from wire.batches.dispatch import run_line
@@ -196,7 +197,7 @@ class BatchRunner:
                 BATCH_LINES.labels("completed" if ok else "failed").inc()
                 file_id = batch.output_file_id if ok else batch.error_file_id
                 await _retrying(files.append, file_id, _jsonl(result))
-        except OperationalError:  # the database stayed locked: the line runs again
+        except (OperationalError, DatabaseBusy):  # the database stayed locked: run it again
             log.exception("batches: line %s of %s not recorded", custom_id, batch.id)
             await db(store.unclaim, [line_id])
 
@@ -226,7 +227,7 @@ async def _retrying(work, *args):
     for attempt in range(LOCKED_RETRIES):
         try:
             return await db(work, *args)
-        except OperationalError:
+        except (OperationalError, DatabaseBusy):
             if attempt == LOCKED_RETRIES - 1:
                 raise
             await asyncio.sleep(0.05 * (attempt + 1))
