@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,6 +17,15 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 
 log = logging.getLogger(__name__)
+
+# A long text is encoded a piece at a time: the Rust encoder's per-token structures cost
+# ~250 bytes a token (+280 MB for a 2 MB text), one piece's only that piece's. Pieces end
+# where every BPE pre-tokenizer here starts a new pre-token whatever follows: at a space
+# between two ASCII letters (the word before ends at the letter, " word" starts at the
+# space), so merges never cross a cut and the ids are the whole text's.
+PIECE_CHARS = 64 * 1024  # a piece's length, about (cut at the first safe space after it)
+PIECE_SEARCH = 4096  # how far past PIECE_CHARS to look for a safe space
+_SAFE_CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 
 # GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 TOKEN_NORMAL = 1
@@ -206,6 +216,22 @@ def _token_bytes(text: str, token_type: int) -> bytes:
         return text.encode("utf-8")  # a vocab entry outside the byte alphabet
 
 
+def safe_pieces(text: str, size: int, search: int) -> Iterable[str]:
+    """`text` cut into consecutive pieces of about `size` characters, each cut at the first
+    safe space (_SAFE_CUT) in the `search` characters past `size`; a stretch without one
+    stays whole until the next safe space."""
+    start = 0
+    while len(text) - start > size + search:
+        found = _SAFE_CUT.search(text, start + size, start + size + search)
+        if found is None:  # no safe space near: the piece grows to the next one
+            found = _SAFE_CUT.search(text, start + size + search)
+            if found is None:
+                break
+        yield text[start : found.start()]
+        start = found.start()
+    yield text[start:]
+
+
 class TooManyTokens(Exception):
     """A text certain to exceed a token limit (Tokenizer.encode's `limit`)."""
 
@@ -270,6 +296,9 @@ class Tokenizer:
         ]
         hf.add_special_tokens(specials)
         self.hf = hf
+        # Pieces only where no pre-tokenizer is left out: not SentencePiece (its BPE runs
+        # over the whole text), not where a special token's text holds a space.
+        self._cuts_pieces = model != "llama" and not any(" " in a.content for a in specials)
         # Ids without character offsets (tokenizers >= 0.20); the same ids either way.
         self._encode_batch = getattr(hf, "encode_batch_fast", hf.encode_batch)
         # For min_tokens: the most characters one token can cover (each is at least one of
@@ -371,11 +400,21 @@ class Tokenizer:
             at_least = self.min_tokens(text)
             if at_least > limit:
                 raise TooManyTokens(at_least, limit)
-        ids = self._encode_batch([text], add_special_tokens=False)[0].ids
+        ids = self._ids_of(text)
         if add_special and self.add_bos:
             ids.insert(0, self.bos_id)
         if add_special and self.add_eos:
             ids.append(self.eos_id)
+        return ids
+
+    def _ids_of(self, text: str) -> list[int]:
+        """The text's ids; a long one piece by piece (PIECE_CHARS), each piece alone in the
+        Rust encoder, so its structures never hold more than one piece."""
+        if not self._cuts_pieces or len(text) <= PIECE_CHARS + PIECE_SEARCH:
+            return self._encode_batch([text], add_special_tokens=False)[0].ids
+        ids: list[int] = []
+        for piece in safe_pieces(text, PIECE_CHARS, PIECE_SEARCH):
+            ids.extend(self._encode_batch([piece], add_special_tokens=False)[0].ids)
         return ids
 
     def min_tokens(self, text: str) -> int:
