@@ -15,6 +15,10 @@ from setuptools import Extension, setup
 
 CPU_SOURCES = [
     "kernels/cpu/_cpu.c",
+    "kernels/cpu/bind_linear.c",
+    "kernels/cpu/bind_ops.c",
+    "kernels/cpu/bind_plan.c",
+    "kernels/cpu/bind_spm.c",
     "kernels/cpu/linear.c",
     "kernels/cpu/ops.c",
     "kernels/cpu/pool.c",
@@ -24,6 +28,7 @@ CPU_SOURCES = [
     "kernels/cpu/kv.c",
 ]
 CPU_HEADERS = [
+    "kernels/cpu/bind.h",
     "kernels/cpu/quants.h",
     "kernels/cpu/linear_simd.h",
     "kernels/cpu/ops.h",
