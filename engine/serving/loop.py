@@ -12,6 +12,7 @@ thread's alone.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ from ..decoding.constraints import Constraint, GrammarTokenizer
 from ..decoding.output import ChoiceOutput
 from ..decoding.sampler import Sampler
 from ..decoding.state import DecodeState
+from ..foreground import FOREGROUND
 from ..text.tokenizer import Tokenizer
 from ..types import (
     FinishEvent,
@@ -257,7 +259,10 @@ class EngineLoop:
         states = {seq_id: ch.state for seq_id, ch in self._choices.items()}
         drafts = self.speculator.drafts(batch.decode, self._choices, self._draft_rooms)
         try:
-            sampled = self.runner.run(batch, states, drafts)
+            # A prefill pass has someone waiting for a first token: bulk work elsewhere in
+            # the process (a huge text's tokenization) steps aside meanwhile.
+            with FOREGROUND.running() if batch.prefill else contextlib.nullcontext():
+                sampled = self.runner.run(batch, states, drafts)
         except Exception as exc:
             log.exception("%s: a forward pass failed", self.name)
             self._fail(batch, GenerationFailed(f"generation failed: {type(exc).__name__}"))

@@ -16,6 +16,8 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from ..foreground import FOREGROUND
+
 log = logging.getLogger(__name__)
 
 # A long text is encoded a piece at a time: the Rust encoder's per-token structures cost
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 # space), so merges never cross a cut and the ids are the whole text's.
 PIECE_CHARS = 64 * 1024  # a piece's length, about (cut at the first safe space after it)
 PIECE_SEARCH = 4096  # how far past PIECE_CHARS to look for a safe space
+PIECE_YIELD_S = 0.1  # between pieces, the longest wait for a running prefill (foreground.py)
 _SAFE_CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 
 # GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
@@ -414,6 +417,7 @@ class Tokenizer:
             return self._encode_batch([text], add_special_tokens=False)[0].ids
         ids: list[int] = []
         for piece in safe_pieces(text, PIECE_CHARS, PIECE_SEARCH):
+            FOREGROUND.wait_quiet(PIECE_YIELD_S)  # a prompt's prefill first (foreground.py)
             ids.extend(self._encode_batch([piece], add_special_tokens=False)[0].ids)
         return ids
 
