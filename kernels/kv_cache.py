@@ -22,6 +22,11 @@ from kernels import kv_types
 
 
 class KVCache:
+    # `save` may run on any thread while the engine thread writes other slots (plain host
+    # memory, no device stream): a session's conversation may stay in its slot until it
+    # must move out (engine/serving/conversation.py).
+    host_readable = True
+
     def __init__(
         self,
         n_layer: int,

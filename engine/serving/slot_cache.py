@@ -24,7 +24,12 @@ spilled dropped first, SPILL_KEEP_S at most; a later prompt that such a copy con
 further than any slot gets it loaded back into its slot (`restore_source`) instead of
 computing it again. More conversations than slots (many users of one chat app, an agent
 fanning out) then stop recomputing each other's prefixes; llama.cpp's server has the same
-(`--cache-ram`). A session's parked conversation is not spilled: it has its own copy.
+(`--cache-ram`). A session's parked conversation is not spilled: it gets its own copy.
+
+A session's conversation may still live in the slot it was parked from (conversation.py:
+parked lazily): whenever a slot stops keeping what it holds (taken by a new sequence,
+handed on, past the bounds, cleared), that conversation is first moved out to host
+memory (`Conversation.move_out`), before anyone writes the slot or hands its pages back.
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ class _Kept:
         """A session conversation's copy whose conversation is gone (released, expired,
         evicted): the session's KV goes with it."""
         return self.parked is not None and self.parked() is None
+
+    def let_go(self) -> None:
+        """The slot stops keeping these tokens: a session conversation still living in it
+        moves to host memory first (before the slot is written or released)."""
+        conv = self.parked() if self.parked is not None else None
+        if conv is not None:
+            conv.move_out()
 
 
 @dataclass(eq=False)
@@ -118,6 +130,7 @@ class SlotContents:
         """A sequence of `namespace` ended in `slot` with `tokens` written (`parked`: the
         session conversation made of them)."""
         ref = weakref.ref(parked) if parked is not None else None
+        _let_go(self._ended.get(slot))
         self._ended[slot] = _Kept(tuple(tokens), now, namespace, ref)
 
     def freed(self, slots: list[int], now: float) -> list[int]:
@@ -126,12 +139,17 @@ class SlotContents:
         release = []
         for slot in slots:
             kept = self._ended.pop(slot, None)
+            before = self._kept.pop(slot, None)
+            if before is not None and (kept is None or kept.parked != before.parked):
+                before.let_go()
             if kept is not None and kept.tokens:
                 self._kept[slot] = kept
             else:
-                self._kept.pop(slot, None)
+                _let_go(kept)
                 release.append(slot)
-        self._ended.clear()  # ended in a slot handed on: that slot decodes on
+        for kept in self._ended.values():  # ended in a slot handed on: that slot decodes on
+            kept.let_go()
+        self._ended.clear()
         return release + self._over_bounds(now)
 
     def _over_bounds(self, now: float) -> list[int]:
@@ -149,12 +167,13 @@ class SlotContents:
             ):
                 out.append(slot)
         for slot in out:
-            del self._kept[slot]
+            self._kept.pop(slot).let_go()
         self._spilled = [e for e in self._spilled if now - e.since <= SPILL_KEEP_S]
         return out
 
     def taken(self, slots) -> None:
         """These slots are in use again: what they held is being overwritten."""
+        self.let_go(slots)
         for slot in slots:
             self._kept.pop(slot, None)
             self._ended.pop(slot, None)
@@ -164,6 +183,8 @@ class SlotContents:
 
     def clear(self) -> list[int]:
         """Forget everything kept (host-memory copies too); the slots to release."""
+        for kept in (*self._kept.values(), *self._ended.values()):
+            kept.let_go()
         slots = list(self._kept)
         self._kept.clear()
         self._ended.clear()
@@ -172,6 +193,13 @@ class SlotContents:
         self._spill_from.clear()
         self._restores.clear()
         return slots
+
+    def let_go(self, slots) -> None:
+        """These slots are about to be written (admission chose them): the session
+        conversations still living there move to host memory first."""
+        for slot in slots:
+            _let_go(self._kept.get(slot))
+            _let_go(self._ended.get(slot))
 
     # --- host memory -------------------------------------------------------------------
 
@@ -300,6 +328,11 @@ class SlotContents:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+def _let_go(kept: _Kept | None) -> None:
+    if kept is not None:
+        kept.let_go()
 
 
 def _same(a: Spilled, b: Spilled) -> bool:

@@ -1,7 +1,9 @@
 """The KV copies that follow from what free slots keep (slot_cache.py's bookkeeping): a
 prompt resumed from a session's parked conversation, a prefix another slot holds, or one
 spilled to host memory; a finished choice's KV kept for the prefix cache or parked as its
-session's newest conversation; freed slots' pages handed back. Engine thread only."""
+session's newest conversation (left in its slot where the KV cache allows: conversation.py,
+moved out by slot_cache.py before the slot is reused); freed slots' pages handed back.
+Engine thread only."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import time
 from typing import TYPE_CHECKING
 
 from .batch import Finished, Started
-from .sessions import Conversation, SessionTable
+from .conversation import Conversation
+from .sessions import SessionTable
 from .slot_cache import SlotContents
 
 if TYPE_CHECKING:
@@ -34,7 +37,7 @@ class SlotKeeper:
             self.parked.pop(seq_id, None)
         for seq_id, slot in moves.unpark:
             k, v, positions = self.parked.pop(seq_id)
-            self.slot_contents.taken([slot])  # whatever it kept is overwritten
+            self.slot_contents.taken([slot])  # whatever it kept is overwritten (moved out first)
             self.kv.load(slot, k, v, positions)
 
     def clear(self) -> int:
@@ -59,6 +62,8 @@ class SlotKeeper:
             if req is None or not started.slots:
                 self.slot_contents.taken(started.slots)
                 continue
+            # A session conversation living in one of these slots moves out before any write.
+            self.slot_contents.let_go(started.slots)
             slot, prompt = started.slots[0], req.request.prompt_ids
             spill = self.slot_contents.spill_source(slot)
             if spill is not None:  # what the slot kept, to host memory before it is overwritten
@@ -79,7 +84,7 @@ class SlotKeeper:
                 conv, resumed_n = req.resume.conversation, req.resume.cached
                 if conv is not None and resumed_n > cached:
                     if self.slot_contents.parked_conversation(slot) is not conv:
-                        self.kv.load(slot, conv.k, conv.v, resumed_n)
+                        self._load(slot, conv, resumed_n)
                     cached = resumed_n
             # Positions the slot holds for this prompt stay valid past a copy into it:
             # the copy wrote the same tokens' KV over the first of them.
@@ -90,6 +95,15 @@ class SlotKeeper:
                 resumed.append((started.group_id, cached))
             self.slot_contents.taken(started.slots)  # overwritten from now on
         return resumed
+
+    def _load(self, slot: int, conv: Conversation, n: int) -> None:
+        """The first `n` positions of a session's conversation into `slot`: from the slot
+        it still lives in, else from its host copy (the same stored rows either way)."""
+        source = conv.resident_slot
+        if source is not None:
+            self.kv.copy_prefix(source, slot, n)
+        else:
+            self.kv.load(slot, conv.k, conv.v, n)
 
     def release_freed(self, freed: list[int]) -> None:
         """Hand back the KV pages of freed slots that hold nothing worth keeping, and of
@@ -107,7 +121,8 @@ class SlotKeeper:
     ) -> bool:
         """A choice ended: note what its slot holds (still intact: the slot is reused only
         at the next step) for the prefix cache; for choice 0 of a session turn, keep that
-        KV as the session's newest conversation. Returns the session_conflict flag."""
+        KV as the session's newest conversation (left in the slot, where the KV cache
+        allows, until the slot is needed). Returns the session_conflict flag."""
         request = req.request
         n_out = event.kv_written - len(request.prompt_ids)
         tokens = (*request.prompt_ids, *token_ids[:n_out])
@@ -118,8 +133,7 @@ class SlotKeeper:
             if self.prefix_cache:
                 self.slot_contents.ended(event.slot, tokens, now, request.cache_namespace)
             return False
-        k, v = self.kv.save(event.slot, event.kv_written)
-        conversation = Conversation(tokens, k, v)
+        conversation = Conversation.parked_from(tokens, self.kv, event.slot)
         self.slot_contents.ended(
             event.slot, tokens, now, request.cache_namespace, parked=conversation
         )
