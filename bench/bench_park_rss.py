@@ -41,6 +41,7 @@ def peak_mb() -> float:
 async def sessions(svc: ModelService, n: int, tokens: int) -> dict:
     doc = document(svc, tokens)
     out = {"rss_before_mb": round(rss_mb(), 1), "rss_after_mb": [], "cached_tokens": []}
+    out["turn2_ttft_s"] = []
     for i in range(n):
         first = turn_1(f"Session {i}.\n{doc}")
         answer, _, _ = await run_turn(svc, first, f"rss-{i}", 16)
@@ -49,7 +50,8 @@ async def sessions(svc: ModelService, n: int, tokens: int) -> dict:
             {"role": "assistant", "content": answer},
             {"role": "user", "content": "And what is sold on market days?"},
         ]
-        _, _, cached = await run_turn(svc, second, f"rss-{i}", 4)
+        _, ttft, cached = await run_turn(svc, second, f"rss-{i}", 4)
+        out["turn2_ttft_s"].append(round(ttft, 3))
         await asyncio.sleep(0.5)  # the engine idles and trims its heap first (threads.trim)
         out["rss_after_mb"].append(round(rss_mb(), 1))
         out["cached_tokens"].append(cached)

@@ -59,12 +59,11 @@ class _Kept:
         evicted): the session's KV goes with it."""
         return self.parked is not None and self.parked() is None
 
-    def let_go(self) -> None:
+    def let_go(self, spare=None) -> None:
         """The slot stops keeping these tokens: a session conversation still living in it
-        moves to host memory first (before the slot is written or released)."""
-        conv = self.parked() if self.parked is not None else None
-        if conv is not None:
-            conv.move_out()
+        moves to host memory first (before the slot is written or released), unless it
+        is `spare` (the turn taking the slot continues it: SlotContents.pin)."""
+        _move_out(self.parked, spare)
 
 
 @dataclass(eq=False)
@@ -121,6 +120,9 @@ class SlotContents:
         # Chosen this admission: slot -> (the slot to copy its prompt's first n positions
         # from, n), so that a longer kept conversation is not overwritten for its prefix.
         self._copies: dict[int, tuple[int, int]] = {}
+        # slot -> session conversations whose first positions live on in it while a turn
+        # continuing them runs there (pin); out to host memory when the slot is let go.
+        self._pinned: dict[int, list[weakref.ref]] = {}
 
     # --- as sequences end and slots free ----------------------------------------------
 
@@ -146,6 +148,7 @@ class SlotContents:
                 self._kept[slot] = kept
             else:
                 _let_go(kept)
+                self._unpin(slot)
                 release.append(slot)
         for kept in self._ended.values():  # ended in a slot handed on: that slot decodes on
             kept.let_go()
@@ -168,12 +171,14 @@ class SlotContents:
                 out.append(slot)
         for slot in out:
             self._kept.pop(slot).let_go()
+            self._unpin(slot)
         self._spilled = [e for e in self._spilled if now - e.since <= SPILL_KEEP_S]
         return out
 
-    def taken(self, slots) -> None:
-        """These slots are in use again: what they held is being overwritten."""
-        self.let_go(slots)
+    def taken(self, slots, spare=None) -> None:
+        """These slots are in use again: what they held is being overwritten (`spare`: a
+        session conversation the new turn continues, pinned by the caller)."""
+        self.let_go(slots, spare)
         for slot in slots:
             self._kept.pop(slot, None)
             self._ended.pop(slot, None)
@@ -185,6 +190,8 @@ class SlotContents:
         """Forget everything kept (host-memory copies too); the slots to release."""
         for kept in (*self._kept.values(), *self._ended.values()):
             kept.let_go()
+        for slot in list(self._pinned):
+            self._unpin(slot)
         slots = list(self._kept)
         self._kept.clear()
         self._ended.clear()
@@ -194,12 +201,30 @@ class SlotContents:
         self._restores.clear()
         return slots
 
-    def let_go(self, slots) -> None:
+    def let_go(self, slots, spare=None) -> None:
         """These slots are about to be written (admission chose them): the session
-        conversations still living there move to host memory first."""
+        conversations still living there move to host memory first, but `spare`."""
         for slot in slots:
-            _let_go(self._kept.get(slot))
-            _let_go(self._ended.get(slot))
+            _let_go(self._kept.get(slot), spare)
+            _let_go(self._ended.get(slot), spare)
+            self._unpin(slot, spare)
+
+    def pin(self, slot: int, conv) -> None:
+        """`conv`'s first positions live on in `slot`, which a turn continuing it now
+        uses (Conversation.keep_prefix moved the rest out): moved out when it is let go."""
+        if conv.resident_slot == slot:
+            self._pinned.setdefault(slot, []).append(weakref.ref(conv))
+
+    def _unpin(self, slot: int, spare=None) -> None:
+        for ref in self._pinned.pop(slot, ()):
+            if ref() is spare and spare is not None:
+                self._pinned.setdefault(slot, []).append(ref)
+            else:
+                _move_out(ref, None)
+
+    def restoring(self, slot: int) -> bool:
+        """Whether admission will copy a prefix into `slot` (copy_source, restore_source)."""
+        return slot in self._copies or slot in self._restores
 
     # --- host memory -------------------------------------------------------------------
 
@@ -330,9 +355,15 @@ class SlotContents:
         return len(self._kept)
 
 
-def _let_go(kept: _Kept | None) -> None:
+def _let_go(kept: _Kept | None, spare=None) -> None:
     if kept is not None:
-        kept.let_go()
+        kept.let_go(spare)
+
+
+def _move_out(ref: weakref.ref | None, spare) -> None:
+    conv = ref() if ref is not None else None
+    if conv is not None and conv is not spare:
+        conv.move_out()
 
 
 def _same(a: Spilled, b: Spilled) -> bool:

@@ -62,9 +62,16 @@ class SlotKeeper:
             if req is None or not started.slots:
                 self.slot_contents.taken(started.slots)
                 continue
-            # A session conversation living in one of these slots moves out before any write.
-            self.slot_contents.let_go(started.slots)
             slot, prompt = started.slots[0], req.request.prompt_ids
+            sid = req.request.session_id
+            if sid is not None and self.sessions.enabled:
+                req.resume = self.sessions.match(sid, prompt)
+            conv = req.resume.conversation if req.resume is not None else None
+            # A session conversation living in one of these slots moves out before any
+            # write, but the one this turn continues in its own slot (nothing is copied
+            # into it first): only what the turn overwrites moves (keep_prefix below).
+            spare = conv if copy is None and self._continues_here(conv, slot) else None
+            self.slot_contents.let_go(started.slots, spare)
             spill = self.slot_contents.spill_source(slot)
             if spill is not None:  # what the slot kept, to host memory before it is overwritten
                 spill.k, spill.v = self.kv.save(slot, len(spill.tokens))
@@ -78,14 +85,12 @@ class SlotKeeper:
                 entry, n = restore
                 self.kv.load(slot, entry.k, entry.v, n)
                 cached = max(cached, n)
-            sid = req.request.session_id
-            if sid is not None and self.sessions.enabled:
-                req.resume = self.sessions.match(sid, prompt)
-                conv, resumed_n = req.resume.conversation, req.resume.cached
-                if conv is not None and resumed_n > cached:
-                    if self.slot_contents.parked_conversation(slot) is not conv:
-                        self._load(slot, conv, resumed_n)
-                    cached = resumed_n
+            if conv is not None and req.resume.cached > cached:
+                resumed_n = req.resume.cached
+                in_place = conv.resident_slot == slot and conv.in_slot >= resumed_n
+                if self.slot_contents.parked_conversation(slot) is not conv and not in_place:
+                    self._load(slot, conv, resumed_n)
+                cached = resumed_n
             # Positions the slot holds for this prompt stay valid past a copy into it:
             # the copy wrote the same tokens' KV over the first of them.
             if self.prefix_cache:
@@ -93,14 +98,27 @@ class SlotKeeper:
                 cached = max(cached, self.slot_contents.reusable(slot, prompt, namespace))
             if cached > 0:
                 resumed.append((started.group_id, cached))
-            self.slot_contents.taken(started.slots)  # overwritten from now on
+            if spare is not None:  # the turn writes from where it resumes (Scheduler.resume)
+                spare.keep_prefix(min(cached, len(prompt) - 1))
+            self.slot_contents.taken(started.slots, spare)  # overwritten from now on
+            if spare is not None:
+                self.slot_contents.pin(slot, spare)
         return resumed
+
+    def _continues_here(self, conv: Conversation | None, slot: int) -> bool:
+        """Whether the turn admitted into `slot` continues `conv` living in that slot, with
+        nothing copied into the slot before its prefill."""
+        return (
+            conv is not None
+            and conv.resident_slot == slot
+            and not self.slot_contents.restoring(slot)
+        )
 
     def _load(self, slot: int, conv: Conversation, n: int) -> None:
         """The first `n` positions of a session's conversation into `slot`: from the slot
-        it still lives in, else from its host copy (the same stored rows either way)."""
+        they still live in, else from its host copy (the same stored rows either way)."""
         source = conv.resident_slot
-        if source is not None:
+        if source is not None and n <= conv.in_slot:
             self.kv.copy_prefix(source, slot, n)
         else:
             self.kv.load(slot, conv.k, conv.v, n)

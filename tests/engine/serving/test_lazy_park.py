@@ -184,3 +184,54 @@ def test_the_engine_waits_for_a_readers_copy_before_it_overwrites_the_slot():
     reader.join()
     assert (seen[0] == 7.0).all()  # the reader's copy finished before the overwrite
     assert conv.resident_slot is None and (conv.k == 7.0).all()
+
+
+def test_a_turn_in_its_own_slot_moves_out_only_what_it_overwrites(svc):
+    text, _ = two_turns(svc, "lazy-own-ref")  # the same two turns, for the tokens
+    svc.release_session("lazy-own-ref")
+    answer, _ = run(svc, FIRST, "lazy-own")
+    first = parked(svc, "lazy-own")  # held here: it outlives its replacement by turn 2
+    slot, n = first.resident_slot, first.n_tok
+    expected = svc.kv.save(slot, n)
+    follow = [*FIRST, {"role": "assistant", "content": answer}]
+    follow.append({"role": "user", "content": "And two more?"})
+    again, finish = run(svc, follow, "lazy-own")
+    assert finish.usage.cached_tokens == n and again == text
+    assert parked(svc, "lazy-own").resident_slot == slot  # turn 2 ran in the same slot
+    # The first turn's conversation kept its positions in the slot (turn 2 wrote after
+    # them) and copied none out.
+    assert first.resident_slot == slot and first.in_slot == n and first.host_bytes == 0
+    k, v = first.arrays()
+    assert same_bits(k, expected[0]) and same_bits(v, expected[1])
+    every_slot_busy(svc)  # the slot reused: out to host memory, bitwise
+    assert first.resident_slot is None
+    assert same_bits(first.k, expected[0]) and same_bits(first.v, expected[1])
+
+
+def run_ids(svc, ids, session_id):
+    return generate_text(svc, GenerationRequest("lazy", tuple(ids), GREEDY, session_id=session_id))
+
+
+def test_a_turn_repeating_its_history_in_its_slot_moves_only_the_last_position_out(
+    svc, monkeypatch
+):
+    ids = svc.encode_chat(FIRST)
+    # The prompt is the whole parked history: it resumes at its last token, which it
+    # computes again (for the logits) over the slot's copy of it.
+    monkeypatch.setattr(svc.kv, "host_readable", False, raising=False)  # the reference
+    run_ids(svc, ids, "lazy-again-ref")
+    reference = run_ids(svc, parked(svc, "lazy-again-ref").tokens, "lazy-again-ref")
+    monkeypatch.undo()
+    run_ids(svc, ids, "lazy-again")
+    first = parked(svc, "lazy-again")
+    slot, n = first.resident_slot, first.n_tok
+    expected = svc.kv.save(slot, n)
+    text, finish = run_ids(svc, first.tokens, "lazy-again")
+    assert finish.usage.cached_tokens == n - 1 and text == reference[0]
+    assert first.resident_slot == slot and first.in_slot == n - 1
+    assert first.host_bytes == svc.kv.bytes_per_token()  # the one position overwritten
+    k, v = first.arrays()
+    assert same_bits(k, expected[0]) and same_bits(v, expected[1])
+    every_slot_busy(svc)
+    assert first.resident_slot is None
+    assert same_bits(first.k, expected[0]) and same_bits(first.v, expected[1])
