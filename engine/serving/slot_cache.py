@@ -134,6 +134,21 @@ class SlotContents:
         ref = weakref.ref(parked) if parked is not None else None
         _let_go(self._ended.get(slot))
         self._ended[slot] = _Kept(tuple(tokens), now, namespace, ref)
+        if parked is not None:
+            self._past_parked_bound()
+
+    def _past_parked_bound(self) -> None:
+        """A conversation just parked: those it pushes past `max_parked` are released at
+        the next freed(); they move out now, as the turn that parked it ends (when an
+        eager park copied), not during the next request's first token."""
+        live = [
+            k
+            for k in (*self._kept.values(), *self._ended.values())
+            if k.parked is not None and not k.gone
+        ]
+        live.sort(key=lambda kept: -kept.since)
+        for kept in live[self.max_parked :]:
+            kept.let_go()
 
     def freed(self, slots: list[int], now: float) -> list[int]:
         """Slots freed this step: those to release now (nothing to keep); the rest are

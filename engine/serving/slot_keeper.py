@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .batch import Finished, Started
 from .conversation import Conversation
-from .sessions import SessionTable
+from .sessions import Resume, SessionTable
 from .slot_cache import SlotContents
 
 if TYPE_CHECKING:
@@ -155,4 +155,7 @@ class SlotKeeper:
         self.slot_contents.ended(
             event.slot, tokens, now, request.cache_namespace, parked=conversation
         )
-        return self.sessions.park(request.session_id, conversation, req.resume)
+        # The request lets go of the conversation it resumed from: replaced by this one,
+        # it goes at once, not copied out of its slot for no one (conversation.py).
+        resumed, req.resume = req.resume, Resume()
+        return self.sessions.park(request.session_id, conversation, resumed)
