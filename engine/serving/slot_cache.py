@@ -227,8 +227,9 @@ class SlotContents:
     def pin(self, slot: int, conv) -> None:
         """`conv`'s first positions live on in `slot`, which a turn continuing it now
         uses (Conversation.keep_prefix moved the rest out): moved out when it is let go."""
-        if conv.resident_slot == slot:
-            self._pinned.setdefault(slot, []).append(weakref.ref(conv))
+        pinned = self._pinned.setdefault(slot, [])
+        if conv.resident_slot == slot and all(ref() is not conv for ref in pinned):
+            pinned.append(weakref.ref(conv))
 
     def _unpin(self, slot: int, spare=None) -> None:
         for ref in self._pinned.pop(slot, ()):
