@@ -7,11 +7,11 @@ exists once, not twice. It moves to host memory (`move_out`) only when the engin
 is about to overwrite the slot or hand its pages back (slot_cache.py calls it wherever a
 kept slot stops keeping); a turn that continues it in that very slot moves out only the
 positions it will overwrite (`keep_prefix`: usually none or one), and the conversation
-stays pinned to the slot's prefix, which that turn never writes. A reader on another thread (the disk writer, an export) takes a
-copy it does not keep (`arrays`). Every copy from the slot runs under the conversation's
-own lock and the engine thread takes that lock before it reuses the slot, so a reader
-never sees a half-overwritten slot.
-Other KV caches (device memory: CuPy, dies) are copied out at once, as before.
+stays pinned to the slot's prefix, which that turn never writes. A reader on another
+thread (the disk writer, an export) takes a copy it does not keep (`arrays`). Every copy
+from the slot runs under the conversation's own lock and the engine thread takes that
+lock before it reuses the slot, so a reader never sees a half-overwritten slot. Other KV
+caches (device memory: CuPy, dies) are copied out at once, as before.
 
 `nbytes` is the KV's size wherever it lives (what /admin/stats and the metrics report);
 `host_bytes` is what is held in host memory apart from the slots (0 while lazy).

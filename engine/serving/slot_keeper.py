@@ -152,10 +152,13 @@ class SlotKeeper:
                 self.slot_contents.ended(event.slot, tokens, now, request.cache_namespace)
             return False
         conversation = Conversation.parked_from(tokens, self.kv, event.slot)
+        # Parked first, and the request lets go of the conversation it resumed from: one
+        # this replaces goes at once, not copied out of its slot for no one (past the
+        # parked bound, ended() moves the older ones out).
+        resumed, req.resume = req.resume, Resume()
+        conflict = self.sessions.park(request.session_id, conversation, resumed)
+        del resumed
         self.slot_contents.ended(
             event.slot, tokens, now, request.cache_namespace, parked=conversation
         )
-        # The request lets go of the conversation it resumed from: replaced by this one,
-        # it goes at once, not copied out of its slot for no one (conversation.py).
-        resumed, req.resume = req.resume, Resume()
-        return self.sessions.park(request.session_id, conversation, resumed)
+        return conflict
