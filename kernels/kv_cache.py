@@ -22,6 +22,11 @@ from kernels import kv_types
 
 
 class KVCache:
+    # `save` may run on any thread while the engine thread writes other slots (plain host
+    # memory, no device stream): a session's conversation may stay in its slot until it
+    # must move out (engine/serving/conversation.py).
+    host_readable = True
+
     def __init__(
         self,
         n_layer: int,
@@ -85,12 +90,12 @@ class KVCache:
         self.v[:, slot, :, :n] = v[:, :, :n]
         self._high_water[slot] = max(self._high_water[slot], n)
 
-    def save(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of positions 0 .. n of `slot` as stored: (n_layer, n_kv_head, n, row) each
-        (row = head_dim values for f32 and f16, head_dim / 32 Q8_0 blocks' bytes)."""
+    def save(self, slot: int, n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of positions start .. n of `slot` as stored: (n_layer, n_kv_head, n - start,
+        row) each (row = head_dim values for f32 and f16, head_dim / 32 Q8_0 blocks' bytes)."""
         return (
-            np.ascontiguousarray(self.k[:, slot, :, :n]),
-            np.ascontiguousarray(self.v[:, slot, :, :n]),
+            np.ascontiguousarray(self.k[:, slot, :, start:n]),
+            np.ascontiguousarray(self.v[:, slot, :, start:n]),
         )
 
     @property

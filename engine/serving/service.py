@@ -30,6 +30,7 @@ from ..types import (
     TokenEvent,
 )
 from .admission import Admission
+from .conversation import Conversation
 from .draft_model import DraftModel, load_draft
 from .embedding import default_pooling, embed_job, score_job
 from .loop import EngineLoop, EngineRequest
@@ -37,7 +38,7 @@ from .memory import MemoryLadder, device_memory, host_memory
 from .session_blob import KVLayout, SessionSnapshot
 from .session_key import SessionKey
 from .session_transfer import ExportedSession, SessionTransfer
-from .sessions import Conversation, SessionInfo
+from .sessions import SessionInfo
 
 log = logging.getLogger("pantheon.engine.service")
 

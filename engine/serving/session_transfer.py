@@ -7,11 +7,12 @@ import time
 from dataclasses import dataclass
 
 from ..types import BadSessionBlob
+from .conversation import Conversation
 from .session_blob import KVLayout, SessionSnapshot
 from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
 from .session_key import SessionKey
-from .sessions import Conversation, SessionTable
+from .sessions import SessionTable
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,14 @@ class SessionTransfer:
         )
 
     def snapshot(self, key: SessionKey, conv: Conversation) -> SessionSnapshot:
-        """One parked conversation as a blob's contents (export and the disk writer)."""
+        """One parked conversation as a blob's contents (export and the disk writer): a
+        conversation still in its slot is copied for the blob only (conversation.py)."""
+        k, v = conv.arrays()
         return SessionSnapshot(
             self.kv_layout,
             conv.tokens,
-            conv.k,
-            conv.v,
+            k,
+            v,
             key.id,
             created=time.time(),
             namespace=key.namespace,

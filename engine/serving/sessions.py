@@ -17,10 +17,11 @@ the keys together cannot fill the watch table.
 
 A session id owns up to MAX_CONVERSATIONS conversations (a client may send its title
 request and its real turns under one id). Each conversation is the token history whose
-KV is held, plus that KV: float32 arrays (n_layer, n_kv_head, n_tok, head_dim), parked
-here between turns, off the decode slots. A turn copies the KV of the conversation its
-prompt continues into its slot and prefills only the rest (delta prefill); when the turn
-ends, its slot's KV is copied back out as the id's newest conversation.
+KV is held, plus that KV (conversation.py): arrays (n_layer, n_kv_head, n_tok, head_dim),
+parked here between turns. A turn copies the KV of the conversation its prompt continues
+into its slot (none when it lands in the slot that conversation still lives in) and
+prefills only the rest (delta prefill); when the turn ends, its KV becomes the id's
+newest conversation, left in its slot until that slot is needed (conversation.py).
 
 Conversations are immutable once parked (a turn replaces one, never edits it), so an
 export can serialize one outside the lock while the engine keeps running.
@@ -63,24 +64,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..types import SessionBusy, SessionCapacity, SessionNotFound, WatchUnavailable
+from .conversation import Conversation
 from .session_key import OPEN, SessionKey
 
 MAX_CONVERSATIONS = 4
-
-
-@dataclass(frozen=True, eq=False)
-class Conversation:
-    tokens: tuple[int, ...]
-    k: np.ndarray  # (n_layer, n_kv_head, n_tok, head_dim)
-    v: np.ndarray
-
-    @property
-    def n_tok(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,12 @@ spilled dropped first, SPILL_KEEP_S at most; a later prompt that such a copy con
 further than any slot gets it loaded back into its slot (`restore_source`) instead of
 computing it again. More conversations than slots (many users of one chat app, an agent
 fanning out) then stop recomputing each other's prefixes; llama.cpp's server has the same
-(`--cache-ram`). A session's parked conversation is not spilled: it has its own copy.
+(`--cache-ram`). A session's parked conversation is not spilled: it gets its own copy.
+
+A session's conversation may still live in the slot it was parked from (conversation.py:
+parked lazily): whenever a slot stops keeping what it holds (taken by a new sequence,
+handed on, past the bounds, cleared), that conversation is first moved out to host
+memory (`Conversation.move_out`), before anyone writes the slot or hands its pages back.
 """
 
 from __future__ import annotations
@@ -53,6 +58,12 @@ class _Kept:
         """A session conversation's copy whose conversation is gone (released, expired,
         evicted): the session's KV goes with it."""
         return self.parked is not None and self.parked() is None
+
+    def let_go(self, spare=None) -> None:
+        """The slot stops keeping these tokens: a session conversation still living in it
+        moves to host memory first (before the slot is written or released), unless it
+        is `spare` (the turn taking the slot continues it: SlotContents.pin)."""
+        _move_out(self.parked, spare)
 
 
 @dataclass(eq=False)
@@ -109,6 +120,9 @@ class SlotContents:
         # Chosen this admission: slot -> (the slot to copy its prompt's first n positions
         # from, n), so that a longer kept conversation is not overwritten for its prefix.
         self._copies: dict[int, tuple[int, int]] = {}
+        # slot -> session conversations whose first positions live on in it while a turn
+        # continuing them runs there (pin); out to host memory when the slot is let go.
+        self._pinned: dict[int, list[weakref.ref]] = {}
 
     # --- as sequences end and slots free ----------------------------------------------
 
@@ -118,7 +132,23 @@ class SlotContents:
         """A sequence of `namespace` ended in `slot` with `tokens` written (`parked`: the
         session conversation made of them)."""
         ref = weakref.ref(parked) if parked is not None else None
+        _let_go(self._ended.get(slot))
         self._ended[slot] = _Kept(tuple(tokens), now, namespace, ref)
+        if parked is not None:
+            self._past_parked_bound()
+
+    def _past_parked_bound(self) -> None:
+        """A conversation just parked: those it pushes past `max_parked` are released at
+        the next freed(); they move out now, as the turn that parked it ends (when an
+        eager park copied), not during the next request's first token."""
+        live = [
+            k
+            for k in (*self._kept.values(), *self._ended.values())
+            if k.parked is not None and not k.gone
+        ]
+        live.sort(key=lambda kept: -kept.since)
+        for kept in live[self.max_parked :]:
+            kept.let_go()
 
     def freed(self, slots: list[int], now: float) -> list[int]:
         """Slots freed this step: those to release now (nothing to keep); the rest are
@@ -126,12 +156,18 @@ class SlotContents:
         release = []
         for slot in slots:
             kept = self._ended.pop(slot, None)
+            before = self._kept.pop(slot, None)
+            if before is not None and (kept is None or kept.parked != before.parked):
+                before.let_go()
             if kept is not None and kept.tokens:
                 self._kept[slot] = kept
             else:
-                self._kept.pop(slot, None)
+                _let_go(kept)
+                self._unpin(slot)
                 release.append(slot)
-        self._ended.clear()  # ended in a slot handed on: that slot decodes on
+        for kept in self._ended.values():  # ended in a slot handed on: that slot decodes on
+            kept.let_go()
+        self._ended.clear()
         return release + self._over_bounds(now)
 
     def _over_bounds(self, now: float) -> list[int]:
@@ -149,12 +185,15 @@ class SlotContents:
             ):
                 out.append(slot)
         for slot in out:
-            del self._kept[slot]
+            self._kept.pop(slot).let_go()
+            self._unpin(slot)
         self._spilled = [e for e in self._spilled if now - e.since <= SPILL_KEEP_S]
         return out
 
-    def taken(self, slots) -> None:
-        """These slots are in use again: what they held is being overwritten."""
+    def taken(self, slots, spare=None) -> None:
+        """These slots are in use again: what they held is being overwritten (`spare`: a
+        session conversation the new turn continues, pinned by the caller)."""
+        self.let_go(slots, spare)
         for slot in slots:
             self._kept.pop(slot, None)
             self._ended.pop(slot, None)
@@ -164,6 +203,10 @@ class SlotContents:
 
     def clear(self) -> list[int]:
         """Forget everything kept (host-memory copies too); the slots to release."""
+        for kept in (*self._kept.values(), *self._ended.values()):
+            kept.let_go()
+        for slot in list(self._pinned):
+            self._unpin(slot)
         slots = list(self._kept)
         self._kept.clear()
         self._ended.clear()
@@ -172,6 +215,32 @@ class SlotContents:
         self._spill_from.clear()
         self._restores.clear()
         return slots
+
+    def let_go(self, slots, spare=None) -> None:
+        """These slots are about to be written (admission chose them): the session
+        conversations still living there move to host memory first, but `spare`."""
+        for slot in slots:
+            _let_go(self._kept.get(slot), spare)
+            _let_go(self._ended.get(slot), spare)
+            self._unpin(slot, spare)
+
+    def pin(self, slot: int, conv) -> None:
+        """`conv`'s first positions live on in `slot`, which a turn continuing it now
+        uses (Conversation.keep_prefix moved the rest out): moved out when it is let go."""
+        pinned = self._pinned.setdefault(slot, [])
+        if conv.resident_slot == slot and all(ref() is not conv for ref in pinned):
+            pinned.append(weakref.ref(conv))
+
+    def _unpin(self, slot: int, spare=None) -> None:
+        for ref in self._pinned.pop(slot, ()):
+            if ref() is spare and spare is not None:
+                self._pinned.setdefault(slot, []).append(ref)
+            else:
+                _move_out(ref, None)
+
+    def restoring(self, slot: int) -> bool:
+        """Whether admission will copy a prefix into `slot` (copy_source, restore_source)."""
+        return slot in self._copies or slot in self._restores
 
     # --- host memory -------------------------------------------------------------------
 
@@ -300,6 +369,17 @@ class SlotContents:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+def _let_go(kept: _Kept | None, spare=None) -> None:
+    if kept is not None:
+        kept.let_go(spare)
+
+
+def _move_out(ref: weakref.ref | None, spare) -> None:
+    conv = ref() if ref is not None else None
+    if conv is not None and conv is not spare:
+        conv.move_out()
 
 
 def _same(a: Spilled, b: Spilled) -> bool:

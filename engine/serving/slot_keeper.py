@@ -1,7 +1,9 @@
 """The KV copies that follow from what free slots keep (slot_cache.py's bookkeeping): a
 prompt resumed from a session's parked conversation, a prefix another slot holds, or one
 spilled to host memory; a finished choice's KV kept for the prefix cache or parked as its
-session's newest conversation; freed slots' pages handed back. Engine thread only."""
+session's newest conversation (left in its slot where the KV cache allows: conversation.py,
+moved out by slot_cache.py before the slot is reused); freed slots' pages handed back.
+Engine thread only."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import time
 from typing import TYPE_CHECKING
 
 from .batch import Finished, Started
-from .sessions import Conversation, SessionTable
+from .conversation import Conversation
+from .sessions import Resume, SessionTable
 from .slot_cache import SlotContents
 
 if TYPE_CHECKING:
@@ -34,7 +37,7 @@ class SlotKeeper:
             self.parked.pop(seq_id, None)
         for seq_id, slot in moves.unpark:
             k, v, positions = self.parked.pop(seq_id)
-            self.slot_contents.taken([slot])  # whatever it kept is overwritten
+            self.slot_contents.taken([slot])  # whatever it kept is overwritten (moved out first)
             self.kv.load(slot, k, v, positions)
 
     def clear(self) -> int:
@@ -60,6 +63,15 @@ class SlotKeeper:
                 self.slot_contents.taken(started.slots)
                 continue
             slot, prompt = started.slots[0], req.request.prompt_ids
+            sid = req.request.session_id
+            if sid is not None and self.sessions.enabled:
+                req.resume = self.sessions.match(sid, prompt)
+            conv = req.resume.conversation if req.resume is not None else None
+            # A session conversation living in one of these slots moves out before any
+            # write, but the one this turn continues in its own slot (nothing is copied
+            # into it first): only what the turn overwrites moves (keep_prefix below).
+            spare = conv if copy is None and self._continues_here(conv, slot) else None
+            self.slot_contents.let_go(started.slots, spare)
             spill = self.slot_contents.spill_source(slot)
             if spill is not None:  # what the slot kept, to host memory before it is overwritten
                 spill.k, spill.v = self.kv.save(slot, len(spill.tokens))
@@ -73,14 +85,12 @@ class SlotKeeper:
                 entry, n = restore
                 self.kv.load(slot, entry.k, entry.v, n)
                 cached = max(cached, n)
-            sid = req.request.session_id
-            if sid is not None and self.sessions.enabled:
-                req.resume = self.sessions.match(sid, prompt)
-                conv, resumed_n = req.resume.conversation, req.resume.cached
-                if conv is not None and resumed_n > cached:
-                    if self.slot_contents.parked_conversation(slot) is not conv:
-                        self.kv.load(slot, conv.k, conv.v, resumed_n)
-                    cached = resumed_n
+            if conv is not None and req.resume.cached > cached:
+                resumed_n = req.resume.cached
+                in_place = conv.resident_slot == slot and conv.in_slot >= resumed_n
+                if self.slot_contents.parked_conversation(slot) is not conv and not in_place:
+                    self._load(slot, conv, resumed_n)
+                cached = resumed_n
             # Positions the slot holds for this prompt stay valid past a copy into it:
             # the copy wrote the same tokens' KV over the first of them.
             if self.prefix_cache:
@@ -88,8 +98,30 @@ class SlotKeeper:
                 cached = max(cached, self.slot_contents.reusable(slot, prompt, namespace))
             if cached > 0:
                 resumed.append((started.group_id, cached))
-            self.slot_contents.taken(started.slots)  # overwritten from now on
+            if spare is not None:  # the turn writes from where it resumes (Scheduler.resume)
+                spare.keep_prefix(min(cached, len(prompt) - 1))
+            self.slot_contents.taken(started.slots, spare)  # overwritten from now on
+            if spare is not None:
+                self.slot_contents.pin(slot, spare)
         return resumed
+
+    def _continues_here(self, conv: Conversation | None, slot: int) -> bool:
+        """Whether the turn admitted into `slot` continues `conv` living in that slot, with
+        nothing copied into the slot before its prefill."""
+        return (
+            conv is not None
+            and conv.resident_slot == slot
+            and not self.slot_contents.restoring(slot)
+        )
+
+    def _load(self, slot: int, conv: Conversation, n: int) -> None:
+        """The first `n` positions of a session's conversation into `slot`: from the slot
+        they still live in, else from its host copy (the same stored rows either way)."""
+        source = conv.resident_slot
+        if source is not None and n <= conv.in_slot:
+            self.kv.copy_prefix(source, slot, n)
+        else:
+            self.kv.load(slot, conv.k, conv.v, n)
 
     def release_freed(self, freed: list[int]) -> None:
         """Hand back the KV pages of freed slots that hold nothing worth keeping, and of
@@ -107,7 +139,8 @@ class SlotKeeper:
     ) -> bool:
         """A choice ended: note what its slot holds (still intact: the slot is reused only
         at the next step) for the prefix cache; for choice 0 of a session turn, keep that
-        KV as the session's newest conversation. Returns the session_conflict flag."""
+        KV as the session's newest conversation (left in the slot, where the KV cache
+        allows, until the slot is needed). Returns the session_conflict flag."""
         request = req.request
         n_out = event.kv_written - len(request.prompt_ids)
         tokens = (*request.prompt_ids, *token_ids[:n_out])
@@ -118,9 +151,14 @@ class SlotKeeper:
             if self.prefix_cache:
                 self.slot_contents.ended(event.slot, tokens, now, request.cache_namespace)
             return False
-        k, v = self.kv.save(event.slot, event.kv_written)
-        conversation = Conversation(tokens, k, v)
+        conversation = Conversation.parked_from(tokens, self.kv, event.slot)
+        # Parked first, and the request lets go of the conversation it resumed from: one
+        # this replaces goes at once, not copied out of its slot for no one (past the
+        # parked bound, ended() moves the older ones out).
+        resumed, req.resume = req.resume, Resume()
+        conflict = self.sessions.park(request.session_id, conversation, resumed)
+        del resumed
         self.slot_contents.ended(
             event.slot, tokens, now, request.cache_namespace, parked=conversation
         )
-        return self.sessions.park(request.session_id, conversation, req.resume)
+        return conflict

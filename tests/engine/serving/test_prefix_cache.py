@@ -162,15 +162,20 @@ def test_kept_slots_are_handed_back_past_the_bounds():
     assert contents.freed([3], now=0.0) == [3]
 
 
-def test_only_a_quarter_of_the_slots_keep_parked_conversations():
-    class Conv:  # a parked conversation stands for itself (weakly referenced)
-        pass
+class _Conv:  # a parked conversation stands for itself (weakly referenced)
+    moved_out = False
 
-    convs = [Conv(), Conv()]
+    def move_out(self):  # its KV leaves the slot (conversation.py)
+        self.moved_out = True
+
+
+def test_only_a_quarter_of_the_slots_keep_parked_conversations():
+    convs = [_Conv(), _Conv()]
     contents = SlotContents(max_positions=1000, max_parked=1)
     contents.ended(0, (1,), now=0.0, parked=convs[0])
     contents.ended(1, (2,), now=1.0, parked=convs[1])
     assert contents.freed([0, 1], now=1.0) == [0]
+    assert convs[0].moved_out and not convs[1].moved_out  # out of slot 0 before its release
     assert contents.parked_conversation(1) is convs[1]
     assert contents.reusable(1, (2, 3)) == 1
     del convs[1]  # the session released: its copy in the slot goes too
@@ -227,9 +232,6 @@ def test_an_overwritten_slot_goes_to_host_memory_and_comes_back_for_its_prompt()
 
 
 def test_host_memory_is_bounded_and_skips_what_is_not_worth_it():
-    class Conv:
-        pass
-
     contents = SlotContents(max_positions=1000, max_parked=4, max_spill_bytes=1_000)
     for i in range(4):  # 4 x 400 bytes into 1000: the two least recent go
         _store(contents, range(i * 100, i * 100 + 20), nbytes=200, now=i)
@@ -240,7 +242,7 @@ def test_host_memory_is_bounded_and_skips_what_is_not_worth_it():
     _store(contents, (1,) * 20, nbytes=600, now=5.0)  # bigger than it all
     assert contents.spilled_bytes() == 400
     # Neither a session's parked conversation (it has its own copy) nor a short prefix.
-    conv = Conv()
+    conv = _Conv()
     contents.ended(0, tuple(range(500, 540)), now=6.0, parked=conv)
     contents.ended(1, (1, 2, 3), now=6.0)
     contents.freed([0, 1], now=6.0)
