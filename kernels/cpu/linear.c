@@ -308,6 +308,7 @@ typedef __m256 vf_avx2;
 #define W 8
 #define NV 4
 #define BTMAX 4
+#define BTMAX_SPLIT 4
 #define ACCS 8
 #define VZERO _mm256_setzero_ps()
 #define VLOADU(p) _mm256_loadu_ps(p)
@@ -358,6 +359,7 @@ static inline __attribute__((always_inline)) float hsum_avx2(__m256 v) {
 #undef W
 #undef NV
 #undef BTMAX
+#undef BTMAX_SPLIT
 #undef ACCS
 #undef NACC
 #undef VZERO
@@ -417,6 +419,7 @@ typedef __m512 vf_avx512;
 #define W 16
 #define NV 2
 #define BTMAX 8
+#define BTMAX_SPLIT 4
 #define ACCS 16
 #define NACC 1
 #define VZERO _mm512_setzero_ps()
@@ -456,6 +459,7 @@ static inline __attribute__((always_inline)) float hsum_avx512(__m512 v) {
 #undef W
 #undef NV
 #undef BTMAX
+#undef BTMAX_SPLIT
 #undef ACCS
 #undef NACC
 #undef VZERO
