@@ -16,8 +16,11 @@ POOLINGS = ("mean", "last", "cls")
 # Forward passes an embedding job runs before it yields, whatever their length: a pass
 # costs about one read of the weights even for a few tokens, so 256 tokens of 8-token
 # inputs are 32 passes (a decode step's time each) and would hold generation and every
-# other job for as long as 32 steps.
-PASSES_PER_STEP = 4
+# other job for as long as 32 steps. One pass a step: a prompt arriving while an
+# embedding flood runs waits for one short pass, not four, before its prefill (the
+# victim's first token under a 256-input embedding flood: 0.11-0.12 s against 0.16-0.20
+# s with 4, idle 0.07 s; bench/RESULTS.md); alone, the job's steps run back to back.
+PASSES_PER_STEP = 1
 # Measured on the shipped models (tests/engine/serving/test_embedding.py, bench/RESULTS.md): on
 # SmolLM2 (llama) mean pooling separates paraphrases from unrelated pairs best, on
 # gemma-3-270m the last token's state does. `cls` (the first token) is for encoders: in a
