@@ -41,8 +41,17 @@ def check(request, instance_id: str, started_at: float) -> None:
 
 def refuse_takeover(live: dict | None, report: dict) -> None:
     """409 instance_id_taken when `report` names an instance whose heartbeats are current
-    but comes from another process (another started_at)."""
-    if live is not None and float(live["started_at"]) != float(report["started_at"]):
+    but comes from another process (another started_at), unless it is that instance's
+    restart: the same id at the same URL, started later. The process it replaces cannot
+    still be serving there (its successor holds the address), so the router sends nothing
+    more to it; without this the restart would wait out the old heartbeats while requests
+    went to its address, where the new process is still loading."""
+    if live is None or float(live["started_at"]) == float(report["started_at"]):
+        return
+    restart = report.get("url") == live.get("url") and float(report["started_at"]) > float(
+        live["started_at"]
+    )
+    if not restart:
         raise ApiError(
             409,
             f"instance {report['id']!r} is live (started at {live['started_at']!r}); a "

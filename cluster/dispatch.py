@@ -98,9 +98,14 @@ RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[0-9a-f]+)"')
 RESPONSE_ID_SCAN_BYTES = 64 * 1024
 PARSE_OFF_LOOP_BYTES = 256 * 1024
 INSTANCES_CACHE_S = 0.25  # the live list is read from Redis at most this often
-# Instances one request is sent to at most: one that refuses the connection, or takes the
-# request and fails before its status line, is followed by the next replica.
-CONNECT_ATTEMPTS = 3
+# Instances one request is sent to at most: one that refuses the connection, takes the
+# request and fails before its status line, or is not ready for it (NOT_READY), is
+# followed by the next replica (or, for a stored response, by its holder's restart).
+CONNECT_ATTEMPTS = 4
+# An instance's 503s that mean nothing ran: its model is still loading (a restarted
+# process answering under its predecessor's registration) or it is shutting down. Named in
+# ERROR_TYPE_HEADER whatever the route's error shape (pantheon_platform/errors.py).
+NOT_READY = frozenset({"no_models_loaded", "model_loading", "server_shutting_down"})
 # A stored response's instance is down: it is back when its supervisor has restarted it
 # and its model has loaded (seconds on the shipped models).
 HOLDER_RETRY_AFTER_S = 5
@@ -183,15 +188,18 @@ class Dispatcher:
                 send, error.status, error.message, error.type, _byte_headers(error), path
             )
 
-    async def place(self, target: Target, exclude: frozenset[str]) -> Instance:
-        instances = await self.instances(fresh=bool(exclude))
+    async def place(self, target: Target, tried: dict[str, float]) -> Instance:
+        """Where the request goes, none of the processes in `tried` (id: started_at; one
+        restarted under the same id since is a new process and may take it)."""
+        instances = await self.instances(fresh=bool(tried))
+        exclude = _exclusions(instances, tried)
         registry = get_registry()
         if target.response_id:
             held = await asyncio.to_thread(
                 registry.response_instance, target.namespace, target.response_id
             )
             if held is not None:
-                return await self._holder(held, instances, exclude, target.response_id)
+                return await self._holder(held, instances, tried, target.response_id)
         if target.session_id:
             held = await asyncio.to_thread(
                 registry.session_instance, target.namespace, target.session_id
@@ -207,25 +215,30 @@ class Dispatcher:
                 raise
             # The cached list may predate a registration or a freed replica: read it again.
             instances = await self.instances(fresh=True)
+            exclude = _exclusions(instances, tried)
             return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
 
     async def _holder(
-        self, held: str, instances: list[Instance], exclude: frozenset[str], response_id: str
+        self, held: str, instances: list[Instance], tried: dict[str, float], response_id: str
     ) -> Instance:
-        """The instance that stored `response_id`, waited for while it is down (up to
-        PANTHEON_HOLDER_WAIT_MS), then 503: only it has the response (a replica would
-        answer 404 not found), and the registry records no instance as gone for good (one
-        restarted under the same id serves its stored responses again), so the client is
-        told to retry."""
-        if held in exclude:  # it took this very request and failed
-            raise holder_unavailable(response_id)
-        inst = placement.pinned(instances, held, None)
+        """The instance that stored `response_id`, waited for while it is down or not
+        ready (up to PANTHEON_HOLDER_WAIT_MS), then 503: only it has the response (a
+        replica would answer 404 not found), and the registry records no instance as gone
+        for good (one restarted under the same id serves its stored responses again), so
+        the client is told to retry. A holder process that already failed this request is
+        waited for in the same way: its restart may take it."""
+
+        def usable(instances: list[Instance]) -> Instance | None:
+            inst = placement.pinned(instances, held, None)
+            return None if inst is None or tried.get(inst.id) == inst.started_at else inst
+
+        inst = usable(instances)
         # A killed instance is back (restarted by its supervisor, reloaded) within seconds:
         # the request waits for it rather than answer 503 at once. The first read is fresh
         # because the cached list may predate its return.
         deadline = time.monotonic() + settings.PANTHEON_HOLDER_WAIT_S
         while inst is None:
-            inst = placement.pinned(await self.instances(fresh=True), held, None)
+            inst = usable(await self.instances(fresh=True))
             if inst is None:
                 if time.monotonic() >= deadline:
                     raise holder_unavailable(response_id)
@@ -233,10 +246,14 @@ class Dispatcher:
         return inst
 
     async def forward(self, scope, receive, send, body: bytes, target: Target) -> None:
-        tried: set[str] = set()  # refused the connection, or failed before its status line
-        failed: set[str] = set()  # of those, the ones that had taken the request
+        # The processes (id: started_at) that refused the connection, failed before their
+        # status line or were not ready; `failed`: the ids of those that took the request.
+        tried: dict[str, float] = {}
+        failed: set[str] = set()
+        attempts = 0
         while True:
-            inst = await self._next_instance(target, tried, failed)
+            inst = await self._next_instance(target, tried, failed, attempts)
+            attempts += 1
             request = self.client.build_request(
                 scope["method"],
                 inst.url + _path_and_query(scope),
@@ -247,6 +264,11 @@ class Dispatcher:
             try:
                 try:
                     upstream = await self.client.send(request, stream=True)
+                    if upstream.headers.get(ERROR_TYPE_HEADER) in NOT_READY:
+                        # Loading or stopping: nothing ran there. The next replica.
+                        await upstream.aclose()
+                        tried[inst.id] = inst.started_at
+                        continue
                     if _no_room_for_rehomed(upstream, target):
                         await upstream.aclose()
                         body = await _without_session(body)
@@ -256,7 +278,7 @@ class Dispatcher:
                     # Dead but not yet dropped (its heartbeats have not lapsed): the next
                     # replica. Nothing was sent, so nothing runs twice.
                     log.warning("instance %s unreachable (%s); trying another", inst.id, exc)
-                    tried.add(inst.id)
+                    tried[inst.id] = inst.started_at
                     continue
                 except httpx.HTTPError as exc:
                     # It took the request and died (or hung up) before its status line.
@@ -267,7 +289,7 @@ class Dispatcher:
                     # line it is never sent again: the stream ends in its format's error
                     # (_pump).
                     log.warning("instance %s failed before answering (%s); resending", inst.id, exc)
-                    tried.add(inst.id)
+                    tried[inst.id] = inst.started_at
                     failed.add(inst.id)
                     continue
                 try:
@@ -278,18 +300,20 @@ class Dispatcher:
             finally:
                 self.in_flight[inst.id] -= 1
 
-    async def _next_instance(self, target: Target, tried: set[str], failed: set[str]):
+    async def _next_instance(
+        self, target: Target, tried: dict[str, float], failed: set[str], attempts: int
+    ):
         """Where the request goes next, none of `tried`. When none is left, the caller's
         error: 502 instance_failed if an instance took the request and failed, else
         503 no_live_instance (or placement's own refusal: 429 all full)."""
-        if len(tried) >= CONNECT_ATTEMPTS:
+        if attempts >= CONNECT_ATTEMPTS:
             if failed:
                 raise instance_failed(failed)
             raise ApiError(
-                503, f"no instance could be reached ({len(tried)} tried)", "no_live_instance"
+                503, f"no instance could take the request ({attempts} tried)", "no_live_instance"
             )
         try:
-            return await self.place(target, frozenset(tried))
+            return await self.place(target, tried)
         except ApiError as error:
             if failed and error.type in ("no_live_instance", INSTANCE_UNAVAILABLE):
                 raise instance_failed(failed) from None
@@ -363,6 +387,11 @@ class Dispatcher:
             if event:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _exclusions(instances: list[Instance], tried: dict[str, float]) -> frozenset[str]:
+    """The ids whose registered process is one in `tried` (a restart is not)."""
+    return frozenset(i.id for i in instances if tried.get(i.id) == i.started_at)
 
 
 def instance_failed(failed: set[str]) -> ApiError:

@@ -149,17 +149,19 @@ def server_error() -> ApiError:
     return ApiError(500, "internal server error", "server_error")
 
 
+# The error's type as a header on the refusals a router acts on whatever the route's error
+# shape: nothing ran, so it sends the request elsewhere (cluster/dispatch.py).
+ERROR_TYPE_HEADER = "X-Pantheon-Error-Type"
+
+
 def shutting_down(message: str = "") -> ApiError:
     """503 while the server drains for shutdown; `Retry-After: 1` (the contract)."""
     return ApiError(
         503,
         message or "the server is shutting down; retry shortly (elsewhere)",
         "server_shutting_down",
-        headers={"Retry-After": "1"},
+        headers={"Retry-After": "1", ERROR_TYPE_HEADER: "server_shutting_down"},
     )
-
-
-ERROR_TYPE_HEADER = "X-Pantheon-Error-Type"
 
 
 def _retry_after(seconds: int | None) -> dict[str, str]:
@@ -198,7 +200,9 @@ def _error_from(exc: Exception, stream: bool) -> ApiError:
     if isinstance(exc, ServerShuttingDown):
         return shutting_down(str(exc))
     if isinstance(exc, NoModelsLoaded):
-        return ApiError(503, str(exc), "no_models_loaded")
+        return ApiError(
+            503, str(exc), "no_models_loaded", headers={ERROR_TYPE_HEADER: "no_models_loaded"}
+        )
     if isinstance(exc, ModelNotFound):
         return ApiError(404, str(exc), "model_not_found")
     if isinstance(exc, GenerationFailed):

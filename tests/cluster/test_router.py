@@ -5,6 +5,7 @@ later ones drain, kill and restart its processes."""
 from __future__ import annotations
 
 import concurrent.futures
+import http.server
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from access import forwarded
+from pantheon_platform.errors import ERROR_TYPE_HEADER
 from tests.cluster.conftest import ADMIN_KEY, CLIENT_KEY, CLUSTER_SECRET, HEARTBEAT_TIMEOUT_MS
 from tests.conftest import SMOLLM2_NAME
 from tests.e2e.daphne_server import REPO_ROOT
@@ -134,6 +136,84 @@ def test_only_holders_of_the_secret_register_and_no_one_takes_a_live_id(cluster)
         assert reply.json()["error"]["type"] == "instance_id_taken"
     rows = {row["id"]: row for row in cluster.get("/admin/instances").json()["data"]}
     assert rows[live_id]["url"] == cluster.instances[live_id].url
+
+
+def test_a_restart_at_the_same_address_replaces_its_predecessor_at_once(cluster):
+    """A killed instance restarted under its id and URL registers at once (its predecessor
+    cannot hold the address any more): no waiting out the old heartbeats while requests go
+    to an address where the new process is still loading. Nothing else takes over."""
+    old = report("fake:restart", "http://127.0.0.1:9")
+    assert cluster.registry_post("register", old).status_code == 200
+    new = {**old, "started_at": old["started_at"] + 1, "models": []}  # still loading
+    try:
+        assert cluster.registry_post("register", new).status_code == 200, "the restart"
+        rows = {row["id"]: row for row in cluster.get("/admin/instances").json()["data"]}
+        assert rows["fake:restart"]["started_at"] == new["started_at"]
+        assert rows["fake:restart"]["models"] == []  # so nothing is placed there yet
+        refused = [
+            old,  # the predecessor's late heartbeat
+            {**old, "started_at": old["started_at"] - 1},  # an older process
+            {**new, "started_at": new["started_at"] + 1, "url": "http://127.0.0.1:10"},
+        ]
+        for doc in refused:
+            route = "heartbeat" if doc is old else "register"
+            reply = cluster.registry_post(route, doc)
+            assert reply.status_code == 409, reply.text
+    finally:
+        cluster.registry_post("deregister", new)
+
+
+class NotReady(http.server.BaseHTTPRequestHandler):
+    """An instance whose model is still loading: every POST is its 503."""
+
+    hits = 0
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        type(self).hits += 1
+        body = b'{"error": {"message": "still loading", "type": "no_models_loaded", "code": null}}'
+        self.send_response(503)
+        self.send_header(ERROR_TYPE_HEADER, "no_models_loaded")
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_replica_that_is_not_ready_gets_nothing_that_a_live_one_can_take(cluster):
+    """A replica answering "still loading" (a restart behind its predecessor's report) ran
+    nothing: the router sends the request on to a live replica, in every format, and the
+    client never sees that 503."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotReady)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # The most free slots by far: placement picks it first every time.
+    fake = report(
+        "fake:loading", f"http://127.0.0.1:{server.server_port}", max_concurrent=64, free_slots=64
+    )
+    assert cluster.registry_post("register", fake).status_code == 200
+    bodies = {
+        "/v1/chat/completions": {"messages": QUESTION, "max_tokens": 2},
+        "/v1/messages": {"model": SMOLLM2_NAME, "messages": QUESTION, "max_tokens": 2},
+        "/api/chat": {
+            "model": SMOLLM2_NAME,
+            "messages": QUESTION,
+            "stream": False,
+            "options": {"num_predict": 2},
+        },
+        "/v1/responses": {"model": SMOLLM2_NAME, "input": "Hi", "max_output_tokens": 2},
+    }
+    try:
+        for path, body in bodies.items():
+            reply = cluster.post(path, body)
+            assert reply.status_code == 200, (path, reply.text)
+            assert reply.headers["x-pantheon-instance"] != "fake:loading"
+        assert NotReady.hits >= len(bodies)
+    finally:
+        cluster.registry_post("deregister", fake)
+        server.shutdown()
 
 
 def test_keys_are_checked_at_the_router(cluster):
