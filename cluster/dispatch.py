@@ -199,11 +199,20 @@ class Dispatcher:
                 registry.response_instance, target.namespace, target.response_id
             )
             if held is not None:
-                return await self._holder(held, instances, tried, target.response_id)
+                return await self._holder(
+                    held, instances, tried, f"response {target.response_id!r}"
+                )
         if target.session_id:
             held = await asyncio.to_thread(
                 registry.session_instance, target.namespace, target.session_id
             )
+            if target.path.startswith("/session/") and _registered(instances, held):
+                # A session route acts on the session where it is (a release elsewhere
+                # would answer 200 and leave it held): its instance, registered but not
+                # serving (restarting, loading), is waited for as a response's holder is.
+                return await self._holder(
+                    held, instances, tried, f"session {target.session_id!r}", gone_ok=True
+                )
             inst = placement.pinned(instances, held, target.model)
             if inst is not None and inst.id not in exclude:
                 return inst
@@ -219,14 +228,21 @@ class Dispatcher:
             return placement.choose(instances, target.model, self.in_flight, exclude=exclude)
 
     async def _holder(
-        self, held: str, instances: list[Instance], tried: dict[str, float], response_id: str
+        self,
+        held: str,
+        instances: list[Instance],
+        tried: dict[str, float],
+        what: str,
+        gone_ok: bool = False,
     ) -> Instance:
         """The instance that stored `response_id`, waited for while it is down or not
         ready (up to PANTHEON_HOLDER_WAIT_MS), then 503: only it has the response (a
         replica would answer 404 not found), and the registry records no instance as gone
         for good (one restarted under the same id serves its stored responses again), so
         the client is told to retry. A holder process that already failed this request is
-        waited for in the same way: its restart may take it."""
+        waited for in the same way: its restart may take it. `gone_ok`: once the holder
+        is not registered at all (its heartbeats lapsed), any replica may take the request
+        instead (a session's route: the session is gone with it)."""
 
         def usable(instances: list[Instance]) -> Instance | None:
             inst = placement.pinned(instances, held, None)
@@ -238,10 +254,14 @@ class Dispatcher:
         # because the cached list may predate its return.
         deadline = time.monotonic() + settings.PANTHEON_HOLDER_WAIT_S
         while inst is None:
-            inst = usable(await self.instances(fresh=True))
+            instances = await self.instances(fresh=True)
+            inst = usable(instances)
             if inst is None:
+                if gone_ok and not _registered(instances, held):
+                    exclude = _exclusions(instances, tried)
+                    return placement.choose(instances, None, self.in_flight, exclude=exclude)
                 if time.monotonic() >= deadline:
-                    raise holder_unavailable(response_id)
+                    raise holder_unavailable(what)
                 await asyncio.sleep(HOLDER_POLL_S)
         return inst
 
@@ -389,6 +409,12 @@ class Dispatcher:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def _registered(instances: list[Instance], instance_id: str | None) -> bool:
+    """`instance_id` is registered and not drained by a router (it may be loading or
+    stopping: a restart under its id follows)."""
+    return any(i.id == instance_id and not i.draining for i in instances)
+
+
 def _exclusions(instances: list[Instance], tried: dict[str, float]) -> frozenset[str]:
     """The ids whose registered process is one in `tried` (a restart is not)."""
     return frozenset(i.id for i in instances if tried.get(i.id) == i.started_at)
@@ -401,12 +427,12 @@ def instance_failed(failed: set[str]) -> ApiError:
     return ApiError(502, f"{names} failed before answering", INSTANCE_FAILED)
 
 
-def holder_unavailable(response_id: str) -> ApiError:
-    """503 for a request about a stored response whose instance is not live now."""
+def holder_unavailable(what: str) -> ApiError:
+    """503 for a request about a stored response (or a session's route) whose instance is
+    not live now."""
     return ApiError(
         503,
-        f"the instance holding response {response_id!r} is not available right now; "
-        "retry when it is back",
+        f"the instance holding {what} is not available right now; retry when it is back",
         INSTANCE_UNAVAILABLE,
         headers={"Retry-After": str(HOLDER_RETRY_AFTER_S)},
     )
