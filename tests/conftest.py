@@ -7,6 +7,7 @@ Runtime each, so registrations never leak from one test into the next.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,30 @@ def smollm2_service(smollm2_path: Path):
     )
     yield svc
     svc.close()
+
+
+def wait_idle(svc, timeout: float = 10) -> None:
+    """An aborted generation frees its slot at the engine's next step: wait for that."""
+    deadline = time.monotonic() + timeout
+    while svc.busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not svc.busy
+
+
+@pytest.fixture
+def idle_smollm2(smollm2_service):
+    """The shared SmolLM2 service, idle at the test's start."""
+    wait_idle(smollm2_service)
+    return smollm2_service
+
+
+@pytest.fixture
+def clean_smollm2(idle_smollm2):
+    """The shared SmolLM2 service, idle at the start; the sessions the test leaves behind
+    are released at its end."""
+    yield idle_smollm2
+    for info in idle_smollm2.session_info():
+        idle_smollm2.release_session(info.session_id)
 
 
 def use_runtime(monkeypatch, runtime) -> None:

@@ -9,6 +9,14 @@
 - Arenas. glibc gives each thread that contends for the heap its own arena (up to 8 per
   core), and memory freed in one arena is never reused by another: `configure` caps them
   (M_ARENA_MAX) before the server's threads start.
+- Large blocks. glibc serves a block past its mmap threshold with its own mapping, given
+  back on free, but raises that threshold to the size of each such block freed (up to
+  32 MB): after the first big temporary, every activation, KV copy and request body of
+  under that size lands in the heap, interleaved with small live objects, and a busy
+  server (never idle, so never trimmed) keeps the freed pages. `configure` fixes the
+  threshold at MMAP_THRESHOLD: in a 7-minute cluster soak its instances sat 30-50 MB
+  lower and swung less (bench/RESULTS.md, "Heap"); the cost is a page fault per 4 KB of
+  each big temporary, noise beside the work that fills it.
 - Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back.
   The engine calls it when it goes idle after work (never on the decode path).
 """
@@ -25,7 +33,9 @@ import time
 log = logging.getLogger("pantheon.engine")
 
 M_ARENA_MAX = -8  # glibc malloc.h
+M_MMAP_THRESHOLD = -3
 ARENA_MAX = 2
+MMAP_THRESHOLD = 256 * 1024  # a decode step's logits (49k vocab x 4 B) stay in the heap
 TRIM_EVERY_S = 5.0  # at most one trim per this many seconds (per process)
 
 _lock = threading.Lock()
@@ -59,7 +69,7 @@ def configure(threads: int = 0) -> int:
         if _state["threads"] == n and _state.get("kernel_threads") == kernel_n:
             return n
         if _state["threads"] != n:
-            _cap_arenas()
+            _tune_heap()
             try:
                 from threadpoolctl import threadpool_limits
 
@@ -118,10 +128,12 @@ def _libc():
     return _libc.lib
 
 
-def _cap_arenas() -> None:
+def _tune_heap() -> None:
+    """Cap the arenas and fix the mmap threshold (the module's docstring says why)."""
     lib = _libc()
     if lib is not None and hasattr(lib, "mallopt"):
         lib.mallopt(M_ARENA_MAX, ARENA_MAX)
+        lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def trim(force: bool = False) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
@@ -44,11 +43,8 @@ OSLO = [{"role": "user", "content": "What's the weather in Oslo?"}]
 
 
 @pytest.fixture(autouse=True)
-def idle_model(smollm2_service):
-    deadline = time.monotonic() + 10
-    while smollm2_service.busy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not smollm2_service.busy
+def idle_model(idle_smollm2):
+    """Each test starts on an idle model (tests/conftest.py wait_idle)."""
 
 
 async def choices(svc, request: GenerationRequest) -> list[tuple[str, FinishEvent]]:

@@ -23,14 +23,8 @@ FIRST = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
 @pytest.fixture
-def svc(smollm2_service):
-    deadline = time.monotonic() + 10
-    while smollm2_service.busy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not smollm2_service.busy
-    yield smollm2_service
-    for info in smollm2_service.session_info():  # the shared service's session slots
-        smollm2_service.release_session(info.session_id)
+def svc(clean_smollm2):
+    return clean_smollm2
 
 
 def run(svc, messages, session_id=None):

@@ -27,11 +27,8 @@ QUESTIONS = [
 
 
 @pytest.fixture(autouse=True)
-def idle_model(smollm2_service):
-    deadline = time.monotonic() + 10
-    while smollm2_service.busy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not smollm2_service.busy
+def idle_model(idle_smollm2):
+    """Each test starts on an idle model (tests/conftest.py wait_idle)."""
 
 
 async def collect(svc, request: GenerationRequest, started: asyncio.Event | None = None):

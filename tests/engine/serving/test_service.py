@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import replace
 
 import pytest
@@ -26,13 +25,8 @@ def run(coro):
 
 
 @pytest.fixture(autouse=True)
-def idle_model(smollm2_service):
-    """An aborted generation frees its slot at the engine's next step: start each test on
-    an idle model."""
-    deadline = time.monotonic() + 10
-    while smollm2_service.busy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not smollm2_service.busy
+def idle_model(idle_smollm2):
+    """Each test starts on an idle model (tests/conftest.py wait_idle)."""
 
 
 async def collect(svc, prompt, params=GREEDY):

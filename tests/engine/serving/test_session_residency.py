@@ -5,7 +5,6 @@ between means the copy, and both give the same tokens."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -16,14 +15,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
 
 @pytest.fixture
-def svc(smollm2_service):
-    deadline = time.monotonic() + 10
-    while smollm2_service.busy and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not smollm2_service.busy
-    yield smollm2_service
-    for info in smollm2_service.session_info():  # the shared service's session slots
-        smollm2_service.release_session(info.session_id)
+def svc(clean_smollm2):
+    return clean_smollm2
 
 
 @pytest.fixture

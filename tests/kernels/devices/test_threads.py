@@ -98,3 +98,45 @@ def test_the_compiled_pool_takes_every_core_by_default_and_the_setting_otherwise
     except ImportError:
         return
     assert _cpu.get_threads() == 1
+
+
+HEAP_PROBE = """
+import sys
+import numpy as np
+from kernels.devices import threads
+if sys.argv[1] == "tuned":
+    threads._tune_heap()
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+big = np.ones(4 << 20, dtype=np.uint8)  # a big temporary, freed: glibc's threshold follows it
+del big
+before = rss_mb()
+kept, temps = [], []
+for _ in range(200):  # 300 KB temporaries between small objects that stay
+    temps.append(np.ones(300 * 1024, dtype=np.uint8))
+    kept.append(np.ones(2048, dtype=np.uint8))  # glibc malloc, not pymalloc
+del temps
+print(rss_mb() - before)
+"""
+
+
+@pytest.mark.skipif(threads._libc() is None, reason="not glibc: no mallopt to tune")
+def test_freed_big_temporaries_leave_the_process_at_once():
+    """With the threshold fixed, 60 MB of freed 300 KB temporaries go back to the OS even
+    between small live objects; with glibc's moving threshold they stay in the heap."""
+    import subprocess
+    import sys
+
+    def kept_mb(mode: str) -> float:
+        run = subprocess.run(
+            [sys.executable, "-c", HEAP_PROBE, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
+        )
+        return float(run.stdout.split()[-1])
+
+    assert kept_mb("tuned") < 8
+    assert kept_mb("stock") > 40  # the probe does show the difference
