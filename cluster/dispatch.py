@@ -18,13 +18,10 @@ format's error event (cluster/stream_errors.py).
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import logging
 import re
 import time
 from collections import defaultdict
-from urllib.parse import parse_qs
 
 import httpx
 import redis
@@ -34,9 +31,8 @@ from access import forwarded
 from cluster import placement
 from cluster.registry import Instance, get_registry, registry_unavailable
 from cluster.stream_errors import INSTANCE_FAILED, StreamTail
-from pantheon_platform import tenancy
+from cluster.target import Target, json_object, without_session
 from pantheon_platform.errors import ERROR_TYPE_HEADER, ApiError, send_asgi_error
-from pantheon_platform.json_blob import BodyTooLarge, split_field
 
 log = logging.getLogger("pantheon.cluster")
 
@@ -93,10 +89,8 @@ DROPPED_REQUEST_HEADERS = frozenset(
     }
 )
 DROPPED_RESPONSE_HEADERS = frozenset({b"connection", b"keep-alive", b"transfer-encoding"})
-SESSION_FIELDS = ("session_id", "prompt_cache_key", "promptCacheKey")  # the contract's order
 RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[0-9a-f]+)"')
 RESPONSE_ID_SCAN_BYTES = 64 * 1024
-PARSE_OFF_LOOP_BYTES = 256 * 1024
 INSTANCES_CACHE_S = 0.25  # the live list is read from Redis at most this often
 # Instances one request is sent to at most: one that refuses the connection, takes the
 # request and fails before its status line, or is not ready for it (NOT_READY), is
@@ -114,36 +108,6 @@ HOLDER_POLL_S = 0.25  # how often a request waiting for its response's instance 
 
 def is_forwarded(path: str) -> bool:
     return path in FORWARDED_PATHS or path.startswith(FORWARDED_PREFIXES)
-
-
-class Target:
-    """What a request is routed by: its model, session and stored response."""
-
-    def __init__(self, scope, body: dict):
-        self.path = scope["path"]
-        # The caller's namespace as the instances know it (and as affinity is keyed):
-        # unique to this cluster's secret, never an instance-local key's.
-        self.namespace = forwarded.cluster_namespace(tenancy.namespace(scope))
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        model = body.get("model") if isinstance(body.get("model"), str) else body.get("name")
-        if not isinstance(model, str) or not model:
-            model = (query.get("name") or [""])[0]
-        self.model = model or None
-        self.session_id = _first_string(
-            [body.get(f) for f in SESSION_FIELDS]
-            + [_header(scope, b"x-session-id"), (query.get("session_id") or [None])[0]]
-        )
-        response_id = None
-        if self.path.startswith("/v1/responses/"):  # .../{id} and .../{id}/input_items
-            response_id = self.path.removeprefix("/v1/responses/").split("/")[0]
-        elif isinstance(body.get("previous_response_id"), str):
-            response_id = body["previous_response_id"]
-        self.response_id = response_id
-        self.makes_response = self.path == "/v1/responses" and scope["method"] == "POST"
-        # The session's recorded instance is gone (dead, dropped, drained): it re-prefills
-        # wherever it lands now.
-        self.rehomed = False
-        self.session_dropped = False  # served without its session id (see forward)
 
 
 class Dispatcher:
@@ -176,7 +140,7 @@ class Dispatcher:
         if body is None:
             return  # the client left before sending its body
         try:
-            target = Target(scope, await _json_object(body, skip_blob=path == "/session/restore"))
+            target = Target(scope, await json_object(body, skip_blob=path == "/session/restore"))
             await self.forward(scope, receive, send, body, target)
         except redis.RedisError as exc:
             error = registry_unavailable(exc)
@@ -291,7 +255,7 @@ class Dispatcher:
                         continue
                     if _no_room_for_rehomed(upstream, target):
                         await upstream.aclose()
-                        body = await _without_session(body)
+                        body = await without_session(body)
                         target.session_id, target.session_dropped = None, True
                         continue
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -452,17 +416,6 @@ def _no_room_for_rehomed(upstream, target: Target) -> bool:
     )
 
 
-async def _without_session(body: bytes) -> bytes:
-    """The request body without its session fields (the JSON routes; the header is
-    dropped by _headers)."""
-    data = await _json_object(body)
-    if not any(field in data for field in SESSION_FIELDS):
-        return body
-    for field in SESSION_FIELDS:
-        data.pop(field, None)
-    return json.dumps(data, ensure_ascii=False).encode()
-
-
 async def _read_body(receive) -> bytes | None:
     chunks = []
     while True:
@@ -477,46 +430,6 @@ async def _read_body(receive) -> bytes | None:
 async def _disconnected(receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _json_object(body: bytes, skip_blob: bool = False) -> dict:
-    """The body as a JSON object for routing, {} when it is not one (the instance answers
-    the 400 in its wire format). A restore's blob (most of its body) is skipped, not
-    parsed: routing needs only its session id and model."""
-    if not body.strip():
-        return {}
-    parse = _without_blob if skip_blob else json.loads
-    try:
-        if len(body) > PARSE_OFF_LOOP_BYTES:
-            data = await asyncio.to_thread(parse, body)
-        else:
-            data = parse(body)
-    except (ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _without_blob(body: bytes):
-    try:
-        rest = split_field(io.BytesIO(body).read, b"blob", len(body), _ignore, _ignore)
-    except BodyTooLarge:  # more than 16 MiB besides the blob: the instance refuses it
-        return {}
-    return json.loads(rest)
-
-
-def _ignore(*_) -> None:
-    pass
-
-
-def _first_string(values: list) -> str | None:
-    return next((v for v in values if isinstance(v, str) and v), None)
-
-
-def _header(scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
 
 
 def _path_and_query(scope) -> str:
