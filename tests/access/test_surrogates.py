@@ -197,3 +197,29 @@ def test_a_surrogate_pair_spelled_as_escapes_is_fine(served):
     body = '{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 1}'
     response = Client().post("/v1/chat/completions", data=body, content_type="application/json")
     assert response.status_code == 200, response.content
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_a_strict_text_field_refuses_a_lone_surrogate_as_drf_does(data):
+    """Bodies that reach a serializer some other way than the JSON parser are still
+    checked: StrictCharField's own check (at C speed) in place of DRF's per-character one,
+    with DRF's message and code."""
+    from rest_framework import serializers as drf
+
+    from pantheon_platform.strict_json import StrictCharField
+
+    field = StrictCharField(allow_blank=True, trim_whitespace=False)
+    before, after = data.draw(TEXT), data.draw(TEXT)
+    assert field.run_validation(before + after) == before + after
+    surrogate = data.draw(SURROGATE)
+    with pytest.raises(drf.ValidationError) as refused:
+        field.run_validation(before + surrogate + after)
+    assert refused.value.detail[0].code == "surrogate_characters_not_allowed"
+    assert (
+        str(refused.value.detail[0])
+        == f"Surrogate characters are not allowed: U+{ord(surrogate):X}."
+    )
+    assert not any(
+        type(v).__name__ == "ProhibitSurrogateCharactersValidator" for v in field.validators
+    )
