@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import HttpResponse
 
@@ -47,6 +48,15 @@ def _encode(value: object, encoder: json.JSONEncoder, parts: list[str]) -> None:
             parts.append(encoder.encode({key: None})[1:-5])
             _encode(item, encoder, parts)
         parts.append("}")
+    elif isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "iu":
+        # A 1-D integer array (token ids), as json.dumps writes the list of its ints;
+        # only a slice's ints exist as Python objects at a time.
+        parts.append("[")
+        for start in range(0, len(value), SCALAR_SLICE):
+            if start:
+                parts.append(",")
+            parts.append(encoder.encode(value[start : start + SCALAR_SLICE].tolist())[1:-1])
+        parts.append("]")
     elif isinstance(value, list | tuple) and len(value) > CONTAINER_SLICE:
         containers = any(isinstance(item, dict | list | tuple) for item in value[:8])
         step = CONTAINER_SLICE if containers else SCALAR_SLICE

@@ -410,6 +410,25 @@ class Tokenizer:
             ids.append(self.eos_id)
         return ids
 
+    def encode_array(self, text: str, add_special: bool = False) -> np.ndarray:
+        """encode(text, add_special) as an int32 array, for texts that may be huge
+        (/tokenize). A list of a 2 MB text's 1.1 M ids is ~40 MB of Python ints, whose
+        small-object pools stay with the process after a flood of them; here each piece's
+        ids become int32 at once (4 bytes each), so no more than a piece's ints live."""
+        if not self._cuts_pieces or len(text) <= PIECE_CHARS + PIECE_SEARCH:
+            parts = [np.asarray(self._ids_of(text), dtype=np.int32)]
+        else:
+            parts = []
+            for piece in safe_pieces(text, PIECE_CHARS, PIECE_SEARCH):
+                FOREGROUND.wait_quiet(PIECE_YIELD_S)
+                ids = self._encode_batch([piece], add_special_tokens=False)[0].ids
+                parts.append(np.asarray(ids, dtype=np.int32))
+        if add_special and self.add_bos:
+            parts.insert(0, np.asarray([self.bos_id], dtype=np.int32))
+        if add_special and self.add_eos:
+            parts.append(np.asarray([self.eos_id], dtype=np.int32))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
     def _ids_of(self, text: str) -> list[int]:
         """The text's ids; a long one piece by piece (PIECE_CHARS), each piece alone in the
         Rust encoder, so its structures never hold more than one piece."""

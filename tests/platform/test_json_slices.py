@@ -62,3 +62,15 @@ def test_another_thread_runs_while_a_large_answer_is_encoded():
     # sliced, it gets in every switch interval (5 ms): dozens of times, even on a busy host.
     during = sum(started < t < ended for t in ticks)
     assert during >= 10, (during, ended - started)
+
+
+def test_an_int_array_is_written_as_the_list_of_its_ints():
+    for ids in ([], [7], list(range(10_000)), [0, 49151, 2**31 - 1, -3]):
+        for dtype in (np.int32, np.int64, np.uint32):
+            if dtype is np.uint32 and min(ids, default=0) < 0:
+                continue
+            array = np.asarray(ids, dtype=dtype)
+            assert (
+                dumps_in_slices({"tokens": array})
+                == json_response({"tokens": ids}).content.decode()
+            )

@@ -70,9 +70,11 @@ def piece(tokenizer, token_id: int):
 
 def tokenized(svc, data: dict) -> dict:
     tokenizer = svc.tokenizer
-    ids = tokenizer.encode(data["content"], add_special=bool(data.get("add_special")))
+    # int32, not a list of Python ints: a huge text's ids as ints are ~36 bytes each, and
+    # a flood of them left their small-object pools with the process (issue 36's soak).
+    ids = tokenizer.encode_array(data["content"], add_special=bool(data.get("add_special")))
     if data.get("with_pieces"):
-        return {"tokens": [{"id": i, "piece": piece(tokenizer, i)} for i in ids]}
+        return {"tokens": [{"id": i, "piece": piece(tokenizer, i)} for i in ids.tolist()]}
     return {"tokens": ids}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import string
 
+import numpy as np
 import pytest
 
 from engine.text import tokenizer as tokenizer_module
@@ -89,6 +90,8 @@ def test_ids_by_pieces_are_the_whole_texts(family_tokenizer, monkeypatch, size, 
     for seed in range(3):
         text = varied_text(3000, seed)
         assert tok.encode(text) == whole_ids(tok, text), (tok.pre, seed)
+        array = tok.encode_array(text)  # /tokenize's int32 form: the same ids
+        assert array.dtype == np.int32 and array.tolist() == whole_ids(tok, text)
 
 
 def test_a_2mb_text_reaches_the_encoder_in_pieces(smollm2_tokenizer, monkeypatch):
@@ -109,6 +112,10 @@ def test_a_2mb_text_reaches_the_encoder_in_pieces(smollm2_tokenizer, monkeypatch
     assert seen[-1] == len(text) and len(pieces) > 20
     limit = tokenizer_module.PIECE_CHARS + tokenizer_module.PIECE_SEARCH
     assert max(pieces) <= limit and sum(pieces) == len(text)
+    monkeypatch.setattr(tok, "_cuts_pieces", True)
+    assert tok.encode_array(text, add_special=True).tolist() == tok.encode(text, add_special=True)
+    for short in ("", "hi"):
+        assert tok.encode_array(short).tolist() == tok.encode(short)
 
 
 def test_special_tokens_with_spaces_turn_pieces_off(smollm2_metadata):
