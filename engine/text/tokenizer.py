@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -415,14 +415,7 @@ class Tokenizer:
         (/tokenize). A list of a 2 MB text's 1.1 M ids is ~40 MB of Python ints, whose
         small-object pools stay with the process after a flood of them; here each piece's
         ids become int32 at once (4 bytes each), so no more than a piece's ints live."""
-        if not self._cuts_pieces or len(text) <= PIECE_CHARS + PIECE_SEARCH:
-            parts = [np.asarray(self._ids_of(text), dtype=np.int32)]
-        else:
-            parts = []
-            for piece in safe_pieces(text, PIECE_CHARS, PIECE_SEARCH):
-                FOREGROUND.wait_quiet(PIECE_YIELD_S)
-                ids = self._encode_batch([piece], add_special_tokens=False)[0].ids
-                parts.append(np.asarray(ids, dtype=np.int32))
+        parts = [np.asarray(ids, dtype=np.int32) for ids in self._piece_ids(text)]
         if add_special and self.add_bos:
             parts.insert(0, np.asarray([self.bos_id], dtype=np.int32))
         if add_special and self.add_eos:
@@ -430,15 +423,21 @@ class Tokenizer:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
     def _ids_of(self, text: str) -> list[int]:
-        """The text's ids; a long one piece by piece (PIECE_CHARS), each piece alone in the
-        Rust encoder, so its structures never hold more than one piece."""
-        if not self._cuts_pieces or len(text) <= PIECE_CHARS + PIECE_SEARCH:
-            return self._encode_batch([text], add_special_tokens=False)[0].ids
         ids: list[int] = []
+        for piece_ids in self._piece_ids(text):
+            ids.extend(piece_ids)
+        return ids
+
+    def _piece_ids(self, text: str) -> Iterator[list[int]]:
+        """The text's ids, a piece's at a time: a long text piece by piece (PIECE_CHARS),
+        each piece alone in the Rust encoder, so its structures never hold more than one
+        piece; a short one whole."""
+        if not self._cuts_pieces or len(text) <= PIECE_CHARS + PIECE_SEARCH:
+            yield self._encode_batch([text], add_special_tokens=False)[0].ids
+            return
         for piece in safe_pieces(text, PIECE_CHARS, PIECE_SEARCH):
             FOREGROUND.wait_quiet(PIECE_YIELD_S)  # a prompt's prefill first (foreground.py)
-            ids.extend(self._encode_batch([piece], add_special_tokens=False)[0].ids)
-        return ids
+            yield self._encode_batch([piece], add_special_tokens=False)[0].ids
 
     def min_tokens(self, text: str) -> int:
         """A lower bound on len(encode(text)), without tokenizing: no token covers more
