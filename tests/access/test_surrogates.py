@@ -210,7 +210,8 @@ def test_a_strict_text_field_refuses_a_lone_surrogate_as_drf_does(data):
     from pantheon_platform.strict_json import StrictCharField
 
     field = StrictCharField(allow_blank=True, trim_whitespace=False)
-    before, after = data.draw(TEXT), data.draw(TEXT)
+    plain = TEXT.filter(lambda t: "\x00" not in t)  # DRF refuses NUL, a check of its own
+    before, after = data.draw(plain), data.draw(plain)
     assert field.run_validation(before + after) == before + after
     surrogate = data.draw(SURROGATE)
     with pytest.raises(drf.ValidationError) as refused:
