@@ -199,7 +199,8 @@ class Dispatcher:
         what: str,
         gone_ok: bool = False,
     ) -> Instance:
-        """The instance that stored `response_id`, waited for while it is down or not
+        """The instance `held` (that stored a response, or holds the session a session
+        route acts on; `what` names it in the 503), waited for while it is down or not
         ready (up to PANTHEON_HOLDER_WAIT_MS), then 503: only it has the response (a
         replica would answer 404 not found), and the registry records no instance as gone
         for good (one restarted under the same id serves its stored responses again), so
