@@ -439,4 +439,6 @@ def _path_and_query(scope) -> str:
 
 
 def _byte_headers(error: ApiError) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode(), str(v).encode()) for k, v in (error.headers or {}).items()]
+    """The error's extra headers; send_asgi_error adds its type's header itself."""
+    items = (error.headers or {}).items()
+    return [(k.lower().encode(), str(v).encode()) for k, v in items if k != ERROR_TYPE_HEADER]

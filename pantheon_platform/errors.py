@@ -35,6 +35,10 @@ from pantheon_platform.runtime import ModelNotFound, NoModelsLoaded
 
 log = logging.getLogger("pantheon.http")
 
+# The error's type as a header on every refusal, whatever the route's error shape: the
+# router acts on some (nothing ran: it sends the request elsewhere; cluster/dispatch.py).
+ERROR_TYPE_HEADER = "X-Pantheon-Error-Type"
+
 
 class ApiError(Exception):
     def __init__(
@@ -51,7 +55,9 @@ class ApiError(Exception):
         self.message = message
         self.type = type
         self.extra = extra or {}
-        self.headers = headers or {}
+        # Every refusal names its type in a header as well as in its body: a router (and
+        # any proxy) reads it whatever the route's error shape (cluster/dispatch.py).
+        self.headers = {**(headers or {}), ERROR_TYPE_HEADER: type}
 
     def body(self) -> dict:
         return error_body(self.message, self.type, **self.extra)
@@ -122,6 +128,7 @@ async def send_asgi_error(
                 (b"content-length", str(len(body)).encode()),
                 (b"access-control-allow-origin", b"*"),
                 (b"connection", b"close"),
+                (ERROR_TYPE_HEADER.lower().encode(), type.encode()),
                 *headers,
             ],
         }
@@ -149,18 +156,13 @@ def server_error() -> ApiError:
     return ApiError(500, "internal server error", "server_error")
 
 
-# The error's type as a header on the refusals a router acts on whatever the route's error
-# shape: nothing ran, so it sends the request elsewhere (cluster/dispatch.py).
-ERROR_TYPE_HEADER = "X-Pantheon-Error-Type"
-
-
 def shutting_down(message: str = "") -> ApiError:
     """503 while the server drains for shutdown; `Retry-After: 1` (the contract)."""
     return ApiError(
         503,
         message or "the server is shutting down; retry shortly (elsewhere)",
         "server_shutting_down",
-        headers={"Retry-After": "1", ERROR_TYPE_HEADER: "server_shutting_down"},
+        headers={"Retry-After": "1"},
     )
 
 
@@ -200,9 +202,7 @@ def _error_from(exc: Exception, stream: bool) -> ApiError:
     if isinstance(exc, ServerShuttingDown):
         return shutting_down(str(exc))
     if isinstance(exc, NoModelsLoaded):
-        return ApiError(
-            503, str(exc), "no_models_loaded", headers={ERROR_TYPE_HEADER: "no_models_loaded"}
-        )
+        return ApiError(503, str(exc), "no_models_loaded")
     if isinstance(exc, ModelNotFound):
         return ApiError(404, str(exc), "model_not_found")
     if isinstance(exc, GenerationFailed):
@@ -212,9 +212,7 @@ def _error_from(exc: Exception, stream: bool) -> ApiError:
         status, type_ = session_error
         headers = None
         if isinstance(exc, SessionCapacity):
-            # Named in a header too: a router reads it whatever the route's error shape
-            # (cluster/dispatch.py serves a dead instance's session here without one).
-            headers = {**_retry_after(exc.retry_after), ERROR_TYPE_HEADER: type_}
+            headers = _retry_after(exc.retry_after)
         if isinstance(exc, SessionBusy):
             headers = _retry_after(1)
         return ApiError(status, str(exc), type_, headers=headers)

@@ -39,3 +39,14 @@ async def test_shutting_down_is_named_in_a_header(empty_runtime, monkeypatch):
     )
     assert reply.status == 503, reply.body[:300]
     assert reply.headers[ERROR_TYPE_HEADER.lower()] == "server_shutting_down"
+
+
+async def test_every_refusal_names_its_type_in_a_header(empty_runtime):
+    """Not only the 503s the router acts on: a 400 from a view and a 404 from the URL
+    resolver carry it too, each in its route's own body shape."""
+    bad = await request(stack_app(), "POST", "/v1/messages", {"model": "m"})
+    assert bad.status == 400, bad.body[:300]
+    assert bad.headers[ERROR_TYPE_HEADER.lower()] == "invalid_request_error"
+    missing = await request(stack_app(), "GET", "/v1/no-such-route")
+    assert missing.status == 404, missing.body[:300]
+    assert missing.headers[ERROR_TYPE_HEADER.lower()] == "not_found"

@@ -23,7 +23,7 @@ from pantheon_platform.chat_http import (
     turn_deadline,
 )
 from pantheon_platform.discovery import discovered, load_if_discovered
-from pantheon_platform.errors import ERROR_TYPE_HEADER, ApiError, json_response, method_not_allowed
+from pantheon_platform.errors import ApiError, json_response, method_not_allowed
 from pantheon_platform.json_slices import sliced_json_response
 from pantheon_platform.request_log import note
 from pantheon_platform.runtime import LOADING, build_id, get_runtime
@@ -78,7 +78,7 @@ def resolve(model: str):
                 503,
                 f'model "{model}" is still loading; retry shortly',
                 "model_loading",
-                headers={"Retry-After": "1", ERROR_TYPE_HEADER: "model_loading"},
+                headers={"Retry-After": "1"},
             )
     served = ", ".join(sorted(parse.ollama_name(n) for n in services)) or "none"
     raise ApiError(
