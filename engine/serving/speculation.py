@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 
 MAX_STREAMS = 2  # speculate only while this few sequences decode
 START_DRAFT = 4  # a context draft's first length
-NGRAMS = (3, 2)  # suffix lengths looked up in the context, longest first
+# Prompt lookup: the context's last KEY_NGRAM tokens find earlier occurrences; of the
+# latest CANDIDATES, the one whose preceding tokens agree with the context's furthest back
+# (up to MATCH_BACK) is continued. Else the latest occurrence of the last FALLBACK_NGRAM.
+# The longer agreement picks the right one of a code file's repeated lines: on a "print
+# this file again" answer 23 passes instead of 33 (bench/RESULTS.md).
+KEY_NGRAM = 3
+FALLBACK_NGRAM = 2
+MATCH_BACK = 16
+CANDIDATES = 16
 REALIGN_NGRAMS = (4, 3, 2, 1)  # suffix lengths that re-find the output in a prediction
 # A context acceptance rate below this pauses context drafting (a 2-row pass costs ~1.5x
 # one row on a 2-core host: drafts that are mostly wrong cost more than they save)...
@@ -107,7 +115,9 @@ class Drafter:
         self.max_draft = max(1, max_draft)
         self.ctx: list[int] = []
         self._indexed = 0  # ctx positions whose preceding n-grams are in the index
-        self._index: dict[tuple[int, ...], int] = {}  # n-gram -> the position after it
+        # KEY_NGRAM-gram -> the positions after its occurrences, in order
+        self._index: dict[tuple[int, ...], list[int]] = {}
+        self._fallback: dict[tuple[int, ...], int] = {}  # FALLBACK_NGRAM-gram -> latest
         self.prediction = tuple(prediction)
         self._pred_index: dict[tuple[int, ...], list[int]] | None = None
         self.pred_pos: int | None = 0 if self.prediction else None
@@ -168,22 +178,39 @@ class Drafter:
     # --- the context ------------------------------------------------------------------
 
     def _lookup(self, n_tokens: int) -> tuple[int, ...]:
-        """Prompt lookup: the tokens that followed the most recent earlier occurrence of
-        the context's last 3 (else 2) tokens; a continuation that runs into the present
-        repeats its period (a loop keeps looping)."""
+        """Prompt lookup: the tokens that followed the earlier occurrence of the context's
+        last tokens that agrees with it furthest back (see KEY_NGRAM); a continuation that
+        runs into the present repeats its period (a loop keeps looping)."""
         ctx = self._context()
-        for n in NGRAMS:
-            if len(ctx) <= n:
-                continue
-            at = self._index.get(tuple(ctx[-n:]))
-            if at is None:
-                continue
-            period = len(ctx) - at
-            draft: list[int] = []
-            for i in range(n_tokens):
-                draft.append(ctx[at + i] if at + i < len(ctx) else draft[i - period])
-            return tuple(draft)
-        return ()
+        at = self._best_occurrence(ctx)
+        if at is None:
+            return ()
+        period = len(ctx) - at
+        draft: list[int] = []
+        for i in range(n_tokens):
+            draft.append(ctx[at + i] if at + i < len(ctx) else draft[i - period])
+        return tuple(draft)
+
+    def _best_occurrence(self, ctx: list[int]) -> int | None:
+        """The position after the best earlier occurrence of the context's suffix."""
+        end = len(ctx)
+        if end > KEY_NGRAM:
+            best, at = -1, None
+            for pos in reversed(self._index.get(tuple(ctx[-KEY_NGRAM:]), ())[-CANDIDATES:]):
+                agree = KEY_NGRAM
+                while (
+                    agree < MATCH_BACK
+                    and pos - agree > 0
+                    and ctx[pos - agree - 1] == ctx[end - agree - 1]
+                ):
+                    agree += 1
+                if agree > best:  # ties: the latest (visited first)
+                    best, at = agree, pos
+            if at is not None:
+                return at
+        if end > FALLBACK_NGRAM:
+            return self._fallback.get(tuple(ctx[-FALLBACK_NGRAM:]))
+        return None
 
     def _context(self) -> list[int]:
         """prompt + output, with every n-gram that has a successor indexed."""
@@ -193,11 +220,12 @@ class Drafter:
         have = len(ctx) - len(self.prompt)
         if have < len(self.output):
             ctx.extend(self.output[have:])
-        index = self._index
+        index, fallback = self._index, self._fallback
         for j in range(max(self._indexed, 1), len(ctx)):
-            for n in NGRAMS:
-                if j >= n:
-                    index[tuple(ctx[j - n : j])] = j
+            if j >= KEY_NGRAM:
+                index.setdefault(tuple(ctx[j - KEY_NGRAM : j]), []).append(j)
+            if j >= FALLBACK_NGRAM:
+                fallback[tuple(ctx[j - FALLBACK_NGRAM : j])] = j
         self._indexed = len(ctx)
         return ctx
 

@@ -212,6 +212,17 @@ def test_the_drafter_looks_up_the_context_and_follows_the_prediction():
     assert p.propose(8).tokens == (14, 15)
 
 
+def test_the_drafter_continues_the_occurrence_that_agrees_furthest_back():
+    """Two earlier "5 6 7" continue differently; the context's "1 2 5 6 7" agrees with
+    the first one further back, so its continuation is drafted, not the latest's."""
+    prompt = [1, 2, 5, 6, 7, 30, 31, 3, 4, 5, 6, 7, 40, 41, 1, 2, 5, 6, 7]
+    d = Drafter(prompt, [], (), end_ids=(), max_draft=8)
+    assert d.propose(2).tokens == (30, 31)
+    # no agreement past the key: the latest occurrence
+    latest = Drafter([5, 6, 7, 30, 8, 5, 6, 7, 40, 9, 5, 6, 7], [], (), end_ids=(), max_draft=8)
+    assert latest.propose(1).tokens == (40,)
+
+
 def test_n_two_choices_are_the_same(svc):
     async def choices(speculation):
         prepared = prepare_turn(
