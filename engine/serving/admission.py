@@ -21,7 +21,8 @@ from .memory import CRITICAL, MemoryLadder
 from .scheduler import QueueFull, Scheduler
 
 if TYPE_CHECKING:
-    from .loop import EngineLoop, EngineRequest, EngineStats
+    from .loop import EngineLoop
+    from .records import EngineRequest, EngineStats
 
 MAX_RETRY_AFTER_S = 30
 FALLBACK_PREFILL_TOK_PER_S = 100.0  # estimates before a prefill rate is measured

@@ -16,8 +16,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from kernels.devices import threads
 
@@ -30,7 +29,6 @@ from ..text.tokenizer import Tokenizer
 from ..types import (
     FinishEvent,
     GenerationFailed,
-    GenerationRequest,
     ModelConfig,
     ServerBusy,
     ServerMemoryConstrained,
@@ -41,12 +39,13 @@ from .batch import REFUSED_MEMORY, Batch, Finished, Refused, Sampled, Started
 from .draft_model import DraftModel, DraftSlots
 from .jobs import JobQueue
 from .memory import MemoryLadder
+from .records import Choice, EngineRequest, EngineStats
 from .runner import Runner
 from .scheduler import Scheduler
-from .sessions import Resume, SessionTable
+from .sessions import SessionTable
 from .slot_cache import SlotContents
 from .slot_keeper import SlotKeeper
-from .speculation import Drafter, Speculator
+from .speculation import Speculator
 
 log = logging.getLogger("pantheon.engine.service")
 
@@ -54,53 +53,6 @@ MEMORY_POLL_S = 0.5  # how often the engine thread reads free memory for the lad
 IDLE_WAIT_S = 0.25  # an idle engine thread still wakes this often (queue timeouts, ladder)
 SESSION_REAP_S = 1.0  # how often the engine thread drops idle sessions
 JOB_MAX_SKIPS = 3  # a side job yields to prompt prefills at most this many steps in a row
-
-
-@dataclass(eq=False)
-class EngineRequest:
-    """One admitted request, as the engine thread sees it."""
-
-    request: GenerationRequest
-    emit: Callable[[object], None]
-    group_id: int = 0
-    closed: bool = False  # its client is gone (or it failed): drop its events
-    resume: Resume = Resume()  # where its prompt resumed from (session turns)
-    # time.monotonic() when it reached the engine and when its slots were given (metrics)
-    arrived_at: float = field(default_factory=time.monotonic)
-    admitted_at: float | None = None
-
-
-@dataclass(eq=False)
-class _Choice:
-    """Decode and output state of one choice (one sequence); the engine thread's alone."""
-
-    req: EngineRequest
-    index: int
-    state: DecodeState  # how its next token is chosen
-    out: ChoiceOutput  # what its tokens become for the client
-    stopped: str | None = None  # the reason it was ended early (stop string, loop, grammar)
-    first_token_at: float | None = None  # time.monotonic() of its first sampled token
-    drafter: Drafter | None = None  # its speculation drafts (None: it decodes one by one)
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.out.token_ids
-
-
-@dataclass
-class EngineStats:
-    """Measured rates, for estimates and /admin views. Written by the engine thread only."""
-
-    prefill_tok_per_s: float = 0.0
-    decode_tok_per_s: float = 0.0  # all sequences together, over the last decode step
-    decode_step_s: float = 0.0  # smoothed seconds per decode step
-    generations: int = 0
-    # Speculative decoding (serving/speculation.py), all drafts (context and prediction):
-    # tokens proposed for verification, and those verified and emitted.
-    drafted_tokens: int = 0
-    accepted_draft_tokens: int = 0
-    model_drafted_tokens: int = 0  # of those, the draft model's (serving/draft_model.py)
-    model_accepted_tokens: int = 0
 
 
 class EngineLoop:
@@ -166,7 +118,7 @@ class EngineLoop:
         self._last_reap = 0.0
         self.lock = threading.Lock()  # guards scheduler, requests and the job queue
         self.requests: dict[int, EngineRequest] = {}
-        self._choices: dict[int, _Choice] = {}  # engine thread only
+        self._choices: dict[int, Choice] = {}  # engine thread only
         self.wake = threading.Event()
         self._closing = threading.Event()
         self._ladder_moved = False
@@ -267,7 +219,7 @@ class EngineLoop:
             log.exception("%s: a forward pass failed", self.name)
             self._fail(batch, GenerationFailed(f"generation failed: {type(exc).__name__}"))
             return
-        _note_times(self.runner.last, self.stats, self.speculator.costs)
+        self.stats.note_times(self.runner.last, self.speculator.costs)
         self._trim_due = True
         with self.lock:
             events = self.scheduler.update(batch, sampled)
@@ -338,7 +290,7 @@ class EngineLoop:
                 seed = None if params.seed is None else params.seed + index
                 state = DecodeState(Sampler(replace(params, seed=seed)), grammar)
                 out = ChoiceOutput(request, index, self.tokenizer, state)
-                self._choices[seq_id] = _Choice(
+                self._choices[seq_id] = Choice(
                     req=req,
                     index=index,
                     state=state,
@@ -414,7 +366,7 @@ class EngineLoop:
             tool_calls=ch.out.parsed_calls,
             tool_call_errors=ch.out.call_errors,
             stop_sequence=ch.out.stops.matched if ch.out.stopped_by_string else "",
-            **_timings(ch),
+            **ch.timings(),
         )
         # The answer's schema check (response_format) runs off this thread: the finish
         # leaves once it is settled, at once when there is nothing to check.
@@ -497,32 +449,6 @@ class EngineLoop:
             events = self.scheduler.set_limits(slots, window)
         self._deliver(events)
         self.keeper.clear()  # kept prefixes are the first to go
-
-
-def _note_times(t, stats, costs) -> None:
-    """A step's StepTimes into the engine's rates and the speculator's PassCosts."""
-    if t.prefill_tokens >= 32 and t.prefill_s > 0:
-        stats.prefill_tok_per_s = t.prefill_tokens / t.prefill_s
-    if t.pass_rows and t.decode_s > 0:
-        costs.observe(t.pass_rows, t.decode_s)
-    if t.decode_rows and t.decode_s > 0:
-        stats.decode_tok_per_s = t.decode_rows / t.decode_s
-        prev = stats.decode_step_s
-        stats.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s
-
-
-def _timings(ch: _Choice) -> dict[str, float]:
-    """A finishing choice's times for its FinishEvent (queue_wait_s, first_token_s,
-    decode_s); a choice that sampled no token has a first token "now"."""
-    now = time.monotonic()
-    req = ch.req
-    first = ch.first_token_at if ch.first_token_at is not None else now
-    admitted = req.admitted_at if req.admitted_at is not None else req.arrived_at
-    return {
-        "queue_wait_s": admitted - req.arrived_at,
-        "first_token_s": first - req.arrived_at,
-        "decode_s": now - first,
-    }
 
 
 def _short(session_id: str) -> str:

@@ -33,8 +33,9 @@ from .admission import Admission
 from .conversation import Conversation
 from .draft_model import DraftModel, load_draft
 from .embedding import default_pooling, embed_job, score_job
-from .loop import EngineLoop, EngineRequest
+from .loop import EngineLoop
 from .memory import MemoryLadder, device_memory, host_memory
+from .records import EngineRequest
 from .session_blob import KVLayout, SessionSnapshot
 from .session_key import SessionKey
 from .session_transfer import ExportedSession, SessionTransfer

@@ -16,7 +16,7 @@ from .sessions import Resume, SessionTable
 from .slot_cache import SlotContents
 
 if TYPE_CHECKING:
-    from .loop import EngineRequest
+    from .records import EngineRequest
 
 
 class SlotKeeper:

@@ -8,7 +8,7 @@ import json
 
 from django.test import Client
 
-from engine.serving.loop import EngineStats
+from engine.serving.records import EngineStats
 from engine.types import ModelConfig
 from tests.support import asgi_scope
 

@@ -1,0 +1,84 @@
+"""What the engine thread keeps per request and per choice, and its measured rates."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..decoding.output import ChoiceOutput
+from ..decoding.state import DecodeState
+from ..types import GenerationRequest
+from .sessions import Resume
+from .speculation import Drafter
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One admitted request, as the engine thread sees it."""
+
+    request: GenerationRequest
+    emit: Callable[[object], None]
+    group_id: int = 0
+    closed: bool = False  # its client is gone (or it failed): drop its events
+    resume: Resume = Resume()  # where its prompt resumed from (session turns)
+    # time.monotonic() when it reached the engine and when its slots were given (metrics)
+    arrived_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None
+
+
+@dataclass(eq=False)
+class Choice:
+    """Decode and output state of one choice (one sequence); the engine thread's alone."""
+
+    req: EngineRequest
+    index: int
+    state: DecodeState  # how its next token is chosen
+    out: ChoiceOutput  # what its tokens become for the client
+    stopped: str | None = None  # the reason it was ended early (stop string, loop, grammar)
+    first_token_at: float | None = None  # time.monotonic() of its first sampled token
+    drafter: Drafter | None = None  # its speculation drafts (None: it decodes one by one)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.out.token_ids
+
+    def timings(self) -> dict[str, float]:
+        """Its times for its FinishEvent (queue_wait_s, first_token_s, decode_s); a choice
+        that sampled no token has a first token "now"."""
+        now = time.monotonic()
+        req = self.req
+        first = self.first_token_at if self.first_token_at is not None else now
+        admitted = req.admitted_at if req.admitted_at is not None else req.arrived_at
+        return {
+            "queue_wait_s": admitted - req.arrived_at,
+            "first_token_s": first - req.arrived_at,
+            "decode_s": now - first,
+        }
+
+
+@dataclass
+class EngineStats:
+    """Measured rates, for estimates and /admin views. Written by the engine thread only."""
+
+    prefill_tok_per_s: float = 0.0
+    decode_tok_per_s: float = 0.0  # all sequences together, over the last decode step
+    decode_step_s: float = 0.0  # smoothed seconds per decode step
+    generations: int = 0
+    # Speculative decoding (serving/speculation.py), all drafts (context and prediction):
+    # tokens proposed for verification, and those verified and emitted.
+    drafted_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    model_drafted_tokens: int = 0  # of those, the draft model's (serving/draft_model.py)
+    model_accepted_tokens: int = 0
+
+    def note_times(self, t, costs) -> None:
+        """A step's StepTimes (runner.py) into the rates and the speculator's PassCosts."""
+        if t.prefill_tokens >= 32 and t.prefill_s > 0:
+            self.prefill_tok_per_s = t.prefill_tokens / t.prefill_s
+        if t.pass_rows and t.decode_s > 0:
+            costs.observe(t.pass_rows, t.decode_s)
+        if t.decode_rows and t.decode_s > 0:
+            self.decode_tok_per_s = t.decode_rows / t.decode_s
+            prev = self.decode_step_s
+            self.decode_step_s = t.decode_s if not prev else 0.8 * prev + 0.2 * t.decode_s
