@@ -130,6 +130,11 @@ class Sampler:
 
         self.top_logprobs = int(_clamp(params.top_logprobs, 0, MAX_TOP_LOGPROBS, 0))
         self.logprobs = bool(params.logprobs) or self.top_logprobs > 0
+        # Greedy with nothing that moves a logit or reports one: the argmax of the raw row
+        # is the token (sample_batch's shortcut; the transforms keep the order).
+        self.plain_greedy = (
+            self.greedy and not self.penalised and not len(self.bias_ids) and not self.logprobs
+        )
 
         # Generated tokens for the penalties: id -> index into the first len(_seen) entries
         # of _ids/_counts, grown by doubling so accept() is O(1).
@@ -341,7 +346,30 @@ def sample_batch(
     allowed = [_allowed(m, V) for m in masks]
     if B == 0:
         return []
+    out: list[Sample | None] = [None] * B
+    rest = []
+    for i, s in enumerate(samplers):
+        if s.plain_greedy and allowed[i] is None:
+            # The transforms (float64, minus the row's largest) keep every finite row's
+            # order, so its argmax is theirs; a row whose largest is not finite (+inf,
+            # NaN, all -inf) takes the full path, which says what those mean.
+            token = int(np.argmax(logits[i]))
+            if np.isfinite(logits[i, token]):
+                out[i] = Sample(token)
+                continue
+        rest.append(i)
+    if rest:
+        picked = [samplers[i] for i in rest]
+        rows = logits if len(rest) == B else logits[rest]
+        sampled = _sample_rows(picked, rows, [allowed[i] for i in rest])
+        for i, sample in zip(rest, sampled, strict=True):
+            out[i] = sample
+    return out  # type: ignore[return-value]
 
+
+def _sample_rows(samplers: list[Sampler], logits: np.ndarray, allowed: list) -> list[Sample]:
+    """sample_batch's full path: every transform, float64, over the rows given."""
+    B, V = logits.shape
     x = np.array(logits, dtype=np.float64)  # a copy: every step below works in place
     with np.errstate(over="ignore"):  # an extreme penalty or temperature overflows to -inf
         _apply_transforms(x, samplers, allowed)

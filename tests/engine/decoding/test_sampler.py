@@ -8,6 +8,7 @@ from engine.decoding.sampler import (
     Sample,
     Sampler,
     _pick,
+    _sample_rows,
     apply_min_p,
     apply_top_k,
     apply_top_p,
@@ -52,6 +53,22 @@ def test_greedy_ties_go_to_the_lowest_id():
     logits = np.array([0.0, 2.0, 1.0, 2.0, 2.0], dtype=np.float32)
     s = Sampler(SamplingParams(temperature=0))
     assert {s.sample(logits).token_id for _ in range(5)} == {1}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plain_greedy_shortcut_is_the_full_paths_token(seed):
+    """sample_batch takes the raw row's argmax for plain greedy rows; the full path (every
+    transform in float64) picks the same token, ties and non-finite rows included."""
+    rng = np.random.default_rng(seed)
+    rows = rng.choice([-1.0, 0.0, 1.0, 2.0], size=(6, 9)).astype(np.float32)  # ties
+    rows[1, rng.integers(9)] = np.inf
+    rows[2, rng.integers(9)] = np.nan
+    rows[3] = -np.inf
+    rows[4, :3] = np.inf
+    rows[5] = rng.standard_normal(9).astype(np.float32) * 1e30
+    samplers = [Sampler(SamplingParams(temperature=0)) for _ in rows]
+    assert all(s.plain_greedy for s in samplers)
+    assert sample_batch(samplers, rows) == _sample_rows(samplers, rows, [None] * len(rows))
 
 
 def test_greedy_draws_nothing_from_the_rng():
