@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from ..types import BadSessionBlob
 from .conversation import Conversation
 from .session_blob import KVLayout, SessionSnapshot
-from .session_blob import decode as decode_blob
 from .session_blob import encode as encode_blob
+from .session_blob_read import decode as decode_blob
 from .session_key import SessionKey
 from .sessions import SessionTable
 

@@ -19,7 +19,8 @@ import json
 import numpy as np
 import pytest
 
-from engine.serving.session_blob import SessionSnapshot, encode, read_header
+from engine.serving.session_blob import SessionSnapshot, encode
+from engine.serving.session_blob_read import read_header
 from engine.serving.session_key import OPEN, SessionKey
 from engine.serving.sessions import Conversation, SessionTable
 from engine.types import SessionCapacity, WatchUnavailable

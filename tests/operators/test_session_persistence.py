@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.serving import session_blob
+from engine.serving import session_blob, session_blob_read
 from engine.types import GenerationRequest, SamplingParams, TokenEvent
 from pantheon_platform import shutdown
 from pantheon_platform.runtime import LoadSpec
@@ -113,7 +113,7 @@ def test_spilled_sessions_restore_whole_and_the_next_turn_resumes_from_them(svc,
         + [f"{file_stem('persist-b')}-0{SUFFIX}"]
     )
     assert not any("persist" in name for name in names)  # the name never shows the id
-    header = session_blob.read_header((folder / names[0]).read_bytes())
+    header = session_blob_read.read_header((folder / names[0]).read_bytes())
     assert header["session_id"] in {"persist-a", "persist-b"}
 
     restored = sibling()
@@ -356,7 +356,7 @@ def test_the_background_write_waits_for_the_next_turn_then_writes_the_newest(svc
         while spill_files(folder) != [f"{file_stem('sea')}-0{SUFFIX}"]:
             assert time.monotonic() < deadline, spill_files(folder) if folder.exists() else None
             time.sleep(0.02)
-        header = session_blob.read_header((folder / spill_files(folder)[0]).read_bytes())
+        header = session_blob_read.read_header((folder / spill_files(folder)[0]).read_bytes())
         assert tuple(header["tokens"]) == held(svc)["sea"][-1]
     finally:
         writer.detach(svc)

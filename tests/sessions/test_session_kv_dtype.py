@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from engine.serving import session_blob
+from engine.serving import session_blob_read
 from tests.conftest import SMOLLM2_NAME
 from tests.wire.helpers import CHAT
 
@@ -58,7 +58,7 @@ async def test_a_blob_records_the_kv_type_and_restores_only_into_the_same(client
     sibling("kv-q8", kv_dtype="q8_0")
     assert f16.kv.kv_dtype == "f16"
     blob16 = await exported(client, "kv-f16", "s16")
-    header = session_blob.read_header(base64.b64decode(blob16["blob_b64"]))
+    header = session_blob_read.read_header(base64.b64decode(blob16["blob_b64"]))
     assert header["kv_dtype"] == "float16"
     assert blob16["blob_bytes"] < 2 * header["n_tok"] * 30 * 3 * 64 * 2 + 4096  # f16 rows
 
@@ -73,7 +73,7 @@ async def test_a_blob_records_the_kv_type_and_restores_only_into_the_same(client
         assert "KV cache type is f16" in error["message"] and theirs in error["message"]
 
     blob32 = await exported(client, SMOLLM2_NAME, "s32")
-    header = session_blob.read_header(base64.b64decode(blob32["blob_b64"]))
+    header = session_blob_read.read_header(base64.b64decode(blob32["blob_b64"]))
     assert header["kv_dtype"] == "float32"  # the default's blobs are as before
     restore = {"blob": blob32["blob_b64"], "tokens": blob32["tokens"], "session_id": "s32"}
     refused = await post(client, RESTORE, {**restore, "name": "kv-q8"})

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from engine.serving import session_blob
+from engine.serving import session_blob, session_blob_read
 from sessions import consumers
 from sessions.consumers import SessionWatchConsumer
 from tests.conftest import SMOLLM2_NAME
@@ -117,7 +117,7 @@ async def test_a_restored_session_continues_like_one_never_exported(
     assert exported["weights_version"] == smollm2_service.weights_version
     assert exported["blob_bytes"] == len(blob)
     assert exported["n_tok"] == len(exported["tokens"]) > 0
-    assert session_blob.read_header(blob)["tokens"] == exported["tokens"]
+    assert session_blob_read.read_header(blob)["tokens"] == exported["tokens"]
 
     response = await post(client, RELEASE, {"session_id": "rt-trip"})
     assert response.json() == {"released": True, "session_id": "rt-trip"}
@@ -155,7 +155,7 @@ def _flip_a_payload_byte(blob: bytes) -> bytes:
 
 
 def _reencoded(blob: bytes, layout, **changes) -> bytes:
-    snap = session_blob.decode(blob, layout)
+    snap = session_blob_read.decode(blob, layout)
     return session_blob.encode(
         dataclasses.replace(snap, layout=dataclasses.replace(snap.layout, **changes))
     )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.serving.conversation import Conversation
-from engine.serving.session_blob import decode as decode_blob
+from engine.serving.session_blob_read import decode as decode_blob
 from engine.serving.session_key import SessionKey
 from engine.serving.slot_cache import SlotContents
 from engine.types import GenerationRequest, SamplingParams

@@ -14,15 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.serving.session_blob import (
-    FORMAT_VERSION,
-    MAGIC,
-    KVLayout,
-    SessionSnapshot,
-    decode,
-    encode,
-    read_header,
-)
+from engine.serving.session_blob import FORMAT_VERSION, MAGIC, KVLayout, SessionSnapshot, encode
+from engine.serving.session_blob_read import decode, read_header
 from engine.types import BadSessionBlob, WeightsVersionMismatch
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -446,7 +439,7 @@ def test_encode_refuses_an_inconsistent_snapshot(change, needle):
 
 def test_the_module_stands_alone_without_django():
     probe = (
-        "import sys, engine.serving.session_blob\n"
+        "import sys, engine.serving.session_blob, engine.serving.session_blob_read\n"
         "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] == 'django')))"
     )
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}

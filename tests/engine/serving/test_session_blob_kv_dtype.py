@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.serving.session_blob import KVLayout, SessionSnapshot, decode, encode, read_header
+from engine.serving.session_blob import KVLayout, SessionSnapshot, encode
+from engine.serving.session_blob_read import decode, read_header
 from engine.types import BadSessionBlob
 from kernels import kv_types
 
