@@ -119,6 +119,7 @@ class EngineLoop:
         self.lock = threading.Lock()  # guards scheduler, requests and the job queue
         self.requests: dict[int, EngineRequest] = {}
         self._choices: dict[int, Choice] = {}  # engine thread only
+        self._posted: list[EngineRequest] = []  # requests with token events to flush
         self.wake = threading.Event()
         self._closing = threading.Event()
         self._ladder_moved = False
@@ -252,7 +253,7 @@ class EngineLoop:
             for seq_id, done in verified.items():
                 if j < len(done.tokens) and (ch := self._choices.get(seq_id)) is not None:
                     ch.state.replay(done.marks[j])
-            self._deliver(events)
+            self._deliver(events, flush=False)
             j += 1
             tokens = {
                 s: done.tokens[j]
@@ -267,6 +268,7 @@ class EngineLoop:
         for seq_id in verified:
             if (ch := self._choices.get(seq_id)) is not None:
                 ch.state.replay(None)
+        self._flush_posted()
 
     def _start(self, started_groups: list[Started]) -> None:
         """Output state for the groups this step admitted (under the lock)."""
@@ -306,7 +308,7 @@ class EngineLoop:
         for sid in self.sessions.reap():
             log.info("%s: session %s dropped (idle)", self.name, _short(sid))
 
-    def _deliver(self, events: list) -> None:
+    def _deliver(self, events: list, flush: bool = True) -> None:
         for event in events:
             if isinstance(event, Sampled):
                 self._on_token(event)
@@ -314,6 +316,14 @@ class EngineLoop:
                 self._on_finished(event)
             elif isinstance(event, Refused):
                 self._on_refused(event)
+        if flush:
+            self._flush_posted()
+
+    def _flush_posted(self) -> None:
+        """Hand each request its posted token events, one hand-over per request."""
+        posted, self._posted = self._posted, []
+        for req in posted:
+            req.flush()
 
     def _on_token(self, event: Sampled) -> None:
         ch = self._choices.get(event.seq_id)
@@ -323,7 +333,8 @@ class EngineLoop:
             ch.first_token_at = time.monotonic()
         token_event, end = ch.out.push(event.token_id)
         if token_event is not None:
-            ch.req.emit(token_event)
+            ch.req.post(token_event)
+            self._posted.append(ch.req)
         if end is not None:
             ch.stopped = end
             with self.lock:
@@ -344,6 +355,7 @@ class EngineLoop:
         conflict = self.keeper.keep_finished(ch.req, ch.index, ch.token_ids, event)
         tail = ch.out.finish(ended_by_model=ch.stopped is None and event.reason == "stop")
         reason = ch.out.finish_reason(ch.stopped or event.reason)
+        ch.req.flush()  # the finish may leave from another thread (settle_format)
         if tail is not None:
             ch.req.emit(tail)
         usage = Usage(
@@ -384,9 +396,9 @@ class EngineLoop:
         req.closed = True
         retry = self.retry_after()
         if event.reason == REFUSED_MEMORY:
-            req.emit(ServerMemoryConstrained(event.message, retry))
+            req.send(ServerMemoryConstrained(event.message, retry))
         else:
-            req.emit(ServerBusy(f"model {self.name!r} is busy: {event.message}", retry))
+            req.send(ServerBusy(f"model {self.name!r} is busy: {event.message}", retry))
 
     def _fail(self, batch: Batch, error: Exception) -> None:
         """A step failed: every request with a sequence in it fails (its slots freed)."""
@@ -398,7 +410,7 @@ class EngineLoop:
                 self.requests.pop(req.group_id, None)
             if not req.closed:
                 req.closed = True
-                req.emit(error)
+                req.send(error)
         self._forget_closed()
 
     def _fail_all(self, error: Exception) -> None:
@@ -410,7 +422,7 @@ class EngineLoop:
         for req in reqs:
             if not req.closed:
                 req.closed = True
-                req.emit(error)
+                req.send(error)
 
     def _forget_closed(self) -> None:
         """Drop the output state of requests nobody listens to any more, cancelling them

@@ -25,6 +25,29 @@ class EngineRequest:
     # time.monotonic() when it reached the engine and when its slots were given (metrics)
     arrived_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
+    # A step's token events wait here (`post`) and leave together (`flush`): one wake-up
+    # of the request's event loop per step, not one per token (a verify pass emits up to
+    # 8 of them). `emit_many`: hands a list over at once; None: `emit` each.
+    emit_many: Callable[[list], None] | None = None
+    outbox: list = field(default_factory=list)
+
+    def post(self, event: object) -> None:
+        self.outbox.append(event)
+
+    def flush(self) -> None:
+        events, self.outbox = self.outbox, []
+        if not events:
+            return
+        if self.emit_many is not None:
+            self.emit_many(events)
+        else:
+            for event in events:
+                self.emit(event)
+
+    def send(self, event: object) -> None:
+        """`event` now, after what was posted before it."""
+        self.flush()
+        self.emit(event)
 
 
 @dataclass(eq=False)
