@@ -62,12 +62,14 @@ else:
     from cluster import heartbeat
     from observability import metrics, series
     from operators.store import DatabaseStore
+    from pantheon_platform import gc_policy
     from pantheon_platform.runtime import get_runtime
     from sessions import persistence as session_persistence
 
     runtime = get_runtime()
     runtime.use_store(DatabaseStore())
     session_persistence.install(runtime)  # restore spilled sessions at load, spill at SIGTERM
+    runtime.add_load_hook(gc_policy.freeze_long_lived)  # a loaded model's objects: frozen
     runtime.start_loading()
     from wire.batches import runner as batch_runner
 
@@ -76,7 +78,10 @@ else:
     application = stack.build(django_asgi_app)
     heartbeat.install()  # with PANTHEON_ROUTER_URL: register, heartbeat, deregister at stop
 
-from pantheon_platform import shutdown  # noqa: E402
+from pantheon_platform import gc_policy, shutdown  # noqa: E402
+
+# What start-up built lives as long as the process: out of the collector's way.
+gc_policy.freeze_long_lived()
 
 shutdown.install()  # SIGTERM: drain in-flight generations, then exit 0 (pantheon_platform/shutdown.py)
 
