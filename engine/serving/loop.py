@@ -202,9 +202,7 @@ class EngineLoop:
             if batch.empty:
                 return
         if batch.empty:
-            if (
-                self._trim_due
-            ):  # idle after work: hand freed heap pages back (kernels/devices/threads)
+            if self._trim_due:  # idle after work: freed heap pages back (devices/threads)
                 self._trim_due = not threads.trim()
             self.wake.wait(IDLE_WAIT_S)
             self.wake.clear()
@@ -268,7 +266,7 @@ class EngineLoop:
         for seq_id in verified:
             if (ch := self._choices.get(seq_id)) is not None:
                 ch.state.replay(None)
-        self._flush_posted()
+        self._posted = _flushed(self._posted)
 
     def _start(self, started_groups: list[Started]) -> None:
         """Output state for the groups this step admitted (under the lock)."""
@@ -317,13 +315,7 @@ class EngineLoop:
             elif isinstance(event, Refused):
                 self._on_refused(event)
         if flush:
-            self._flush_posted()
-
-    def _flush_posted(self) -> None:
-        """Hand each request its posted token events, one hand-over per request."""
-        posted, self._posted = self._posted, []
-        for req in posted:
-            req.flush()
+            self._posted = _flushed(self._posted)
 
     def _on_token(self, event: Sampled) -> None:
         ch = self._choices.get(event.seq_id)
@@ -461,6 +453,13 @@ class EngineLoop:
             events = self.scheduler.set_limits(slots, window)
         self._deliver(events)
         self.keeper.clear()  # kept prefixes are the first to go
+
+
+def _flushed(posted: list[EngineRequest]) -> list[EngineRequest]:
+    """Hand each request its posted token events, one hand-over per request; [] after."""
+    for req in posted:
+        req.flush()
+    return []
 
 
 def _short(session_id: str) -> str:
