@@ -325,8 +325,9 @@ class EngineLoop:
             ch.first_token_at = time.monotonic()
         token_event, end = ch.out.push(event.token_id)
         if token_event is not None:
+            if not ch.req.outbox:  # listed once per flush, however many tokens it posts
+                self._posted.append(ch.req)
             ch.req.post(token_event)
-            self._posted.append(ch.req)
         if end is not None:
             ch.stopped = end
             with self.lock:
