@@ -525,10 +525,20 @@ async def test_a_full_queue_answers_retry_after_for_the_queue_ahead(one_slot):
             await asyncio.sleep(0.02)
 
     await asyncio.wait_for(until_queued(), 30)
+    # The estimate's inputs as they were when the refusal priced them: the step time is
+    # smoothed and moves with the host's load, so reading it afterwards can disagree.
+    scheduler, seen = one_slot.scheduler, []
+    admitted = scheduler.steps_until_admitted
+
+    def priced() -> int:
+        seen.append((scheduler.steps_until_a_slot_frees(), one_slot.stats.decode_step_s))
+        return admitted()
+
+    scheduler.steps_until_admitted = priced
     refused = AsgiCall(app, CHAT, chat_body(messages=HELLO, max_tokens=2)).start()
     await asyncio.wait_for(refused.task, 30)
-    first_free = one_slot.scheduler.steps_until_a_slot_frees()
-    step_s = one_slot.stats.decode_step_s
+    del scheduler.steps_until_admitted
+    first_free, step_s = seen[-1]
     for call in (running, *queued):
         call.hang_up.set()
     await asyncio.gather(*(c.task for c in (running, *queued)), return_exceptions=True)
