@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..decoding.output import ChoiceOutput
 from ..decoding.state import DecodeState
-from ..types import GenerationRequest
+from ..types import GenerationRequest, TokenEvent
 from .sessions import Resume
 from .speculation import Drafter
 
@@ -27,12 +27,17 @@ class EngineRequest:
     admitted_at: float | None = None
     # A step's token events wait here (`post`) and leave together (`flush`): one wake-up
     # of the request's event loop per step, not one per token (a verify pass emits up to
-    # 8 of them). `emit_many`: hands a list over at once; None: `emit` each.
+    # 8 of them), and a choice's answer text of one step in one event (`joined`), so one
+    # chunk on the wire, as vLLM streams a verified draft. `emit_many`: hands a list over
+    # at once; None: `emit` each.
     emit_many: Callable[[list], None] | None = None
     outbox: list = field(default_factory=list)
 
     def post(self, event: object) -> None:
-        self.outbox.append(event)
+        if self.outbox and (both := joined(self.outbox[-1], event)) is not None:
+            self.outbox[-1] = both
+        else:
+            self.outbox.append(event)
 
     def flush(self) -> None:
         events, self.outbox = self.outbox, []
@@ -48,6 +53,24 @@ class EngineRequest:
         """`event` now, after what was posted before it."""
         self.flush()
         self.emit(event)
+
+
+def joined(first: object, then: object) -> TokenEvent | None:
+    """Two answer-text events of one choice as one, or None where they stay apart: another
+    choice's, or reasoning or tool-call deltas, whose order against the text a renderer
+    reads from the event boundaries."""
+    if not (isinstance(first, TokenEvent) and isinstance(then, TokenEvent)):
+        return None
+    if first.index != then.index:
+        return None
+    if first.reasoning or then.reasoning or first.tool_calls or then.tool_calls:
+        return None
+    return TokenEvent(
+        text=first.text + then.text,
+        token_ids=first.token_ids + then.token_ids,
+        index=first.index,
+        logprobs=first.logprobs + then.logprobs,
+    )
 
 
 @dataclass(eq=False)
