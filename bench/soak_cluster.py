@@ -86,8 +86,10 @@ class SoakCluster:
             lambda: start_daphne(self.router_env, router_port, root / "router" / "daphne.log"),
         )
         self.instances = []
+        self.urls: dict[str, str] = {}  # instance name -> its own URL (its /metrics)
         for n in range(1, instances + 1):
             port, folder = free_port(), root / f"instance-{n}"
+            self.urls[f"instance-{n}"] = f"http://127.0.0.1:{port}"
             env = pantheon_env(folder, PANTHEON_ROUTER_URL=self.router_url, **common)
             env.update(INSTANCE_ENV)
             self.instances.append(
@@ -148,9 +150,12 @@ class SoakCluster:
         self.supervisor.stop()
 
 
-def rss_sampler(cluster: SoakCluster, every: float, stop: threading.Event, samples: dict):
+def rss_sampler(
+    cluster: SoakCluster, every: float, stop: threading.Event, samples: dict, parts: dict
+):
     """RSS of the router and of each instance's current process, keyed by name and pid (a
-    restarted instance is a new series)."""
+    restarted instance is a new series); `parts` gets its anonymous and file-backed MB
+    and, for an instance, what its caches hold (cache_bytes)."""
     t0 = time.monotonic()
     while not stop.wait(every):
         for child in [cluster.router, *cluster.instances]:
@@ -161,8 +166,49 @@ def rss_sampler(cluster: SoakCluster, every: float, stop: threading.Event, sampl
                 rss = psutil.Process(proc.pid).memory_info().rss / 2**20
             except psutil.Error:
                 continue
-            series = samples.setdefault(f"{child.name} pid {proc.pid}", [])
-            series.append((round(time.monotonic() - t0, 1), round(rss, 1)))
+            name = f"{child.name} pid {proc.pid}"
+            t = round(time.monotonic() - t0, 1)
+            samples.setdefault(name, []).append((t, round(rss, 1)))
+            split = rss_parts(proc.pid)
+            if split:
+                held = cache_bytes(cluster.urls.get(child.name))
+                parts.setdefault(name, []).append((t, *split, *held))
+
+
+HELD_SERIES = ("pantheon_prefix_cache_host_bytes", "pantheon_sessions_parked_bytes")
+
+
+def cache_bytes(url: str | None) -> tuple[float, ...]:
+    """MB an instance's bounded host-memory stores hold by its /metrics (HELD_SERIES,
+    summed over models); () for the router or an instance that does not answer."""
+    if url is None:
+        return ()
+    try:
+        reply = httpx.get(
+            url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=5
+        )
+    except httpx.HTTPError:
+        return ()
+    held = dict.fromkeys(HELD_SERIES, 0.0)
+    for line in reply.text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in held:
+            held[name] += float(line.rsplit(" ", 1)[1])
+    return tuple(round(v / 2**20, 1) for v in held.values())
+
+
+def rss_parts(pid: int) -> tuple[float, float] | None:
+    """(anonymous, file-backed) resident MB from /proc (Linux), to tell a heap that grows
+    from pages of the mapped GGUF; None where /proc has no such lines."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    fields = (ln.partition(":") for ln in lines)
+    kb = {k: float(v.split()[0]) for k, _, v in fields if k in ("RssAnon", "RssFile")}
+    if len(kb) < 2:
+        return None
+    return round(kb["RssAnon"] / 1024, 1), round(kb["RssFile"] / 1024, 1)
 
 
 def rss_figures(samples: dict, warmup_s: float) -> dict:
@@ -275,11 +321,13 @@ def run_in(root: str, args) -> dict:
 
 
 def soak(cluster: SoakCluster, args, victims: list[str], flood: str) -> dict:
-    tally, samples, kills = soak_wire.Tally(), {}, []
+    tally, samples, parts, kills = soak_wire.Tally(), {}, {}, []
     stop = threading.Event()
     t0 = time.monotonic()
     until = t0 + args.minutes * 60
-    sampler = threading.Thread(target=rss_sampler, args=(cluster, args.sample_s, stop, samples))
+    sampler = threading.Thread(
+        target=rss_sampler, args=(cluster, args.sample_s, stop, samples, parts)
+    )
     sampler.start()
     kill_thread = threading.Thread(
         target=killer, args=(cluster, args.kill_every_s, until, kills, t0), daemon=True
@@ -296,7 +344,9 @@ def soak(cluster: SoakCluster, args, victims: list[str], flood: str) -> dict:
         stop.set()
         sampler.join()
     restarts = {c.name: c.restarts for c in cluster.instances}
-    return summarize(tally, samples, kills, restarts, final, args, seconds)
+    result = summarize(tally, samples, kills, restarts, final, args, seconds)
+    result["rss_anon_file_samples"] = parts
+    return result
 
 
 def summarize(tally, samples, kills, restarts, final, args, seconds) -> dict:
@@ -357,6 +407,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     result.pop("rss_samples")
+    result.pop("rss_anon_file_samples")
     print(json.dumps(result, indent=1))
     failed = [name for name, ok in result["checks"].items() if not ok]
     print(
