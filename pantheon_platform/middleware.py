@@ -1,9 +1,14 @@
-"""CORS for every response, and the OPTIONS preflight on any path."""
+"""CORS for every response, the OPTIONS preflight on any path, and a request's memory
+handed back when its response closes."""
 
 from __future__ import annotations
 
+import functools
+
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
+
+from .request_memory import release
 
 
 class CorsMiddleware:
@@ -25,11 +30,18 @@ class CorsMiddleware:
         if self.is_async:
             return self.__acall__(request)
         response = self._preflight(request) or self.get_response(request)
-        return self._add_headers(response)
+        return self._release_on_close(request, self._add_headers(response))
 
     async def __acall__(self, request: HttpRequest):
         response = self._preflight(request) or await self.get_response(request)
-        return self._add_headers(response)
+        return self._release_on_close(request, self._add_headers(response))
+
+    @staticmethod
+    def _release_on_close(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        """Once Django has sent `response` and closes it: break the request's cycles and
+        drop its body (request_memory.release)."""
+        response._resource_closers.append(functools.partial(release, request))
+        return response
 
     @staticmethod
     def _preflight(request: HttpRequest) -> HttpResponse | None:

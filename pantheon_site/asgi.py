@@ -39,11 +39,12 @@ from kernels.cpu.backend import configure_activations  # noqa: E402
 # BF16 stays float32 and logs it; GET / says which).
 configure_activations(settings.PANTHEON_ACTIVATIONS)
 
-from django.core.asgi import get_asgi_application  # noqa: E402
-
+from pantheon_platform.request_memory import ASGIHandler  # noqa: E402
 from pantheon_site import stack  # noqa: E402
 
-django_asgi_app = get_asgi_application()
+# Django's handler (get_asgi_application's, after the setup above), less the reference
+# cycle that kept every served request and its response until a full collection.
+django_asgi_app = ASGIHandler()
 
 from pantheon_platform import live_settings  # noqa: E402
 
