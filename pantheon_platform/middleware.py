@@ -14,8 +14,9 @@ from .request_memory import release
 class CorsMiddleware:
     """Outermost middleware: every response carries `Access-Control-Allow-Origin: *`
     (the contract), and OPTIONS on any path, known or not, answers 200 `{}` without
-    reaching routing, CSRF or a view. Sync and async capable, so the async chat view
-    is not pushed onto a worker thread."""
+    reaching routing, CSRF or a view; each response, once sent and closed, releases its
+    request (request_memory.release). Sync and async capable, so the async chat view is
+    not pushed onto a worker thread."""
 
     sync_capable = True
     async_capable = True
