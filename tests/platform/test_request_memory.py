@@ -10,41 +10,28 @@ import pytest
 from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
 
 from pantheon_platform.request_memory import ASGIHandler
-from tests.support import asgi_scope
+from tests.wire.helpers import AsgiCall
 
 BODY = json.dumps({"model": "nope", "content": "lorem ipsum " * 50_000}).encode()
 
 
-async def serve_and_hang_up(app, path: str, body: bytes) -> int:
+class ClosedAtTheEnd(AsgiCall):
     """One request as Daphne serves it under the contract (`Connection: close`): the
     client's disconnect arrives as the response's last byte is sent."""
-    sent = asyncio.Event()
-    status = []
-    given = False
 
-    async def receive():
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await sent.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-        elif not message.get("more_body", False):
-            sent.set()
-
-    await app(asgi_scope("POST", path), receive, send)
-    return status[0]
+    async def _send(self, message):
+        await super()._send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.hang_up.set()
 
 
 def garbage_of(app) -> list[str]:
     """The type names of the objects one served request leaves to the cyclic collector."""
 
     async def served() -> int:
-        return await serve_and_hang_up(app, "/tokenize", BODY)
+        call = ClosedAtTheEnd(app, "/tokenize", BODY).start()
+        await call.task
+        return call.status
 
     # Django logs the 503 with the request attached, and the test's log capture would
     # keep that record (and so the request) alive.
