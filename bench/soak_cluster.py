@@ -18,6 +18,10 @@ no 429 for a victim key; per process (router, each incarnation of each instance)
 minus the first sample `--warmup-s` after its start <= `--rss-bound-mb`; at the end every
 acknowledged stored response answers 200 to GET /v1/responses/{id} and every kept session
 answers a next turn with 200 (a re-prefill after its instance died counts as kept).
+
+`--json` also keeps every RSS sample and, per sample, the process's anonymous and
+file-backed RSS and an instance's spilled prefixes and parked sessions' bytes (its
+/metrics): what moves when RSS moves.
 """
 
 from __future__ import annotations
