@@ -13,8 +13,9 @@ with the same slots and total context:
 
 then runs `../shared/tools/perf.py ours=URL llamacpp=URL --model smollm2-135m-instruct
 --reps N` (prefill tok/s, single-stream decode tok/s, 8-stream aggregate decode tok/s,
-turn-2 TTFT of a ~1.9k-token cached conversation; requests interleaved, so machine drift
-hits both alike) while sampling each server's RSS (its process tree) every --sample-s.
+turn-2 TTFT of a ~1.9k-token cached conversation, decode tok/s at ~3k context; requests
+interleaved, so machine drift hits both alike) while sampling each server's RSS (its
+process tree) every --sample-s.
 Prints a table with the ratios ours/peer (throughput: higher is better; TTFT and RSS:
 lower is better) and, with --json, writes every figure.
 
@@ -65,6 +66,7 @@ FIGURES = [
     ("decode_tok_s", "decode tok/s, one stream", "tok/s", True),
     ("agg8_tok_s", "aggregate decode tok/s, 8 streams", "tok/s", True),
     ("turn2_ttft_s", "turn-2 TTFT, ~1.9k cached tokens", "s", False),
+    ("long_decode_tok_s", "decode tok/s at ~3k context", "tok/s", True),
 ]
 
 

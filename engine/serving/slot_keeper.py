@@ -100,6 +100,12 @@ class SlotKeeper:
                 resumed.append((started.group_id, cached))
             if spare is not None:  # the turn writes from where it resumes (Scheduler.resume)
                 spare.keep_prefix(min(cached, len(prompt) - 1))
+            # What the slots held past the resumed positions has moved out (spilled, parked)
+            # or is dead: its pages go back now, not when this request ends, so a displaced
+            # conversation is not held twice (in its host copy and in the slot) meanwhile.
+            self.kv.release(slot, keep=cached)
+            for other in started.slots[1:]:
+                self.kv.release(other)
             self.slot_contents.taken(started.slots, spare)  # overwritten from now on
             if spare is not None:
                 self.slot_contents.pin(slot, spare)

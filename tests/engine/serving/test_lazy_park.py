@@ -5,6 +5,7 @@ while the engine overwrites slots."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -229,3 +230,40 @@ def test_a_turn_repeating_its_history_in_its_slot_moves_only_the_last_position_o
     every_slot_busy(svc)
     assert first.resident_slot is None
     assert same_bits(first.k, expected[0]) and same_bits(first.v, expected[1])
+
+
+def test_a_reused_slot_gives_back_the_moved_out_pages_when_it_is_taken(svc):
+    """A displaced conversation is held once while the request that displaced it runs:
+    its host copy, not also the slot's pages past what the new request resumes (those
+    read as zeros once handed back). Before, they stayed until that request ended."""
+    history = [{"role": "user", "content": "Keepers trimmed wicks and logged ships. " * 60}]
+    run(svc, history, "lazy-pages")
+    conv = parked(svc, "lazy-pages")
+    slot, n = conv.resident_slot, conv.n_tok
+    assert n > 400 and np.count_nonzero(svc.kv.k[:, slot, :, 128 : n - 32]) > 0
+    started = threading.Barrier(svc.max_concurrent + 1, timeout=120)
+    held: list[int] = []
+
+    async def one(i):
+        request = GenerationRequest(
+            "lazy",
+            tuple(svc.encode_chat([{"role": "user", "content": f"Tell a story about {i}."}])),
+            SamplingParams(temperature=0.0, max_tokens=48),
+        )
+        waited = False
+        async for _ in svc.generate(request):
+            if not waited:  # every request is admitted and running, none finished yet
+                waited = True
+                await asyncio.to_thread(started.wait)
+
+    threads = [
+        threading.Thread(target=asyncio.run, args=(one(i),)) for i in range(svc.max_concurrent)
+    ]
+    for t in threads:
+        t.start()
+    started.wait()
+    held.append(int(np.count_nonzero(svc.kv.k[:, slot, :, 128 : n - 32])))
+    for t in threads:
+        t.join()
+    assert conv.resident_slot is None and conv.host_bytes == conv.nbytes  # moved out
+    assert held == [0]
