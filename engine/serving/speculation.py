@@ -36,6 +36,10 @@ FALLBACK_NGRAM = 2
 MATCH_BACK = 16
 CANDIDATES = 16
 REALIGN_NGRAMS = (4, 3, 2, 1)  # suffix lengths that re-find the output in a prediction
+# A prediction's drafts may be this many times max_draft, plus one: past 8 rows a pass
+# costs about the same per row (the 4 x 4 tiles), so a prediction that keeps matching
+# spreads the pass's fixed cost over more tokens (a 16-row pass on the default 7).
+PREDICTION_SPAN = 2
 # A context acceptance rate below this pauses context drafting (a 2-row pass costs ~1.5x
 # one row on a 2-core host: drafts that are mostly wrong cost more than they save)...
 LOW_RATE = 0.35
@@ -122,7 +126,8 @@ class Drafter:
         self._pred_index: dict[tuple[int, ...], list[int]] | None = None
         self.pred_pos: int | None = 0 if self.prediction else None
         self._synced = 0  # output tokens followed through the prediction
-        self.pred_length = self.max_draft  # a prediction is trusted until it misses
+        self.max_prediction = PREDICTION_SPAN * self.max_draft + 1
+        self.pred_length = self.max_prediction  # a prediction is trusted until it misses
         self.context_pace = Pace(self.max_draft)
         self.model = model  # DraftSlots, or None
         self.model_pace = Pace(self.max_draft)
@@ -134,7 +139,6 @@ class Drafter:
     def propose(self, room: int, slot: int | None = None) -> Draft | None:
         """At most `room` tokens to verify after the output's last token, or None; the
         draft model drafts on the sequence's `slot`."""
-        room = min(room, self.max_draft)
         if room <= 0:
             return None
         self._follow_prediction()
@@ -143,6 +147,7 @@ class Drafter:
             tokens = self._clean(self.prediction[self.pred_pos : end])
             if tokens:
                 return Draft(tokens, from_prediction=True)
+        room = min(room, self.max_draft)
         if not self.context_pace.paused():
             tokens = self._clean(self._lookup(min(room, self.context_pace.length)))
             if tokens:
@@ -161,7 +166,7 @@ class Drafter:
             self.accepted_prediction += accepted
             self.rejected_prediction += drafted - accepted
             full = accepted == drafted
-            self.pred_length = self.max_draft if full else max(2, accepted + 1)
+            self.pred_length = self.max_prediction if full else max(2, accepted + 1)
             return
         pace = self.model_pace if verified.draft.from_model else self.context_pace
         pace.observe(drafted, accepted)
@@ -311,7 +316,7 @@ class Speculator:
         self.max_draft = max_draft
         self.end_ids = frozenset(end_ids)
         self.draft = draft  # the model's DraftSlots (draft_model.py), or None
-        self.costs = PassCosts(MAX_STREAMS * (1 + max_draft))
+        self.costs = PassCosts(MAX_STREAMS * (2 + PREDICTION_SPAN * max_draft))
 
     def drafter(self, request, output: list[int]) -> Drafter | None:
         """A choice's drafter, or None where it never speculates (see the module doc)."""

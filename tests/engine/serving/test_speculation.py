@@ -199,17 +199,21 @@ def test_the_drafter_looks_up_the_context_and_follows_the_prediction():
     assert loop.propose(4).tokens == (7, 8, 7, 8)
     ended = Drafter([4, 5, 9, 4, 5], [], (), end_ids={9}, max_draft=8)
     assert ended.propose(4) is None
-    # a prediction drafts first, and is found again after a mismatch
+    # a prediction drafts first, up to 2 * max_draft + 1 tokens within the room given
+    # (a pass costs about the same per row past 8 rows), and is found again after a miss
     out: list[int] = []
-    p = Drafter([0], out, (10, 11, 12, 13, 14, 15), end_ids=(), max_draft=3)
-    draft = p.propose(8)
+    p = Drafter([0], out, tuple(range(10, 20)), end_ids=(), max_draft=3)
+    assert p.propose(8) == Draft((10, 11, 12, 13, 14, 15, 16), from_prediction=True)
+    draft = p.propose(3)
     assert draft == Draft((10, 11, 12), from_prediction=True)
     p.observe(Verified(draft, [10, 11, 20], []))
     assert (p.accepted_prediction, p.rejected_prediction) == (2, 1)
     out += [10, 11, 20]
     assert p.propose(8) is None or not p.propose(8).from_prediction
     out += [13]
-    assert p.propose(8).tokens == (14, 15)
+    assert p.propose(8).tokens == (14, 15, 16)  # after a miss: accepted + 1 long
+    # the context's own drafts stay within max_draft
+    assert len(Drafter([7, 8] * 20, [], (), end_ids=(), max_draft=3).propose(8).tokens) <= 3
 
 
 def test_the_drafter_continues_the_occurrence_that_agrees_furthest_back():
@@ -267,4 +271,4 @@ def test_pass_costs_allow_counts_not_measured_yet():
 
 def test_a_speculators_rows_are_at_most_two_streams_with_full_drafts():
     spec = Speculator("auto", max_draft=7, end_ids=())
-    assert spec.costs.max_rows == 2 * 8
+    assert spec.costs.max_rows == 2 * (1 + 15)  # a prediction's draft: 2 * 7 + 1
