@@ -40,6 +40,13 @@ REALIGN_NGRAMS = (4, 3, 2, 1)  # suffix lengths that re-find the output in a pre
 # costs about the same per row (the 4 x 4 tiles), so a prediction that keeps matching
 # spreads the pass's fixed cost over more tokens (a 16-row pass on the default 7).
 PREDICTION_SPAN = 2
+
+
+def prediction_draft(max_draft: int) -> int:
+    """The longest draft a prediction may make."""
+    return PREDICTION_SPAN * max_draft + 1
+
+
 # A context acceptance rate below this pauses context drafting (a 2-row pass costs ~1.5x
 # one row on a 2-core host: drafts that are mostly wrong cost more than they save)...
 LOW_RATE = 0.35
@@ -126,7 +133,7 @@ class Drafter:
         self._pred_index: dict[tuple[int, ...], list[int]] | None = None
         self.pred_pos: int | None = 0 if self.prediction else None
         self._synced = 0  # output tokens followed through the prediction
-        self.max_prediction = PREDICTION_SPAN * self.max_draft + 1
+        self.max_prediction = prediction_draft(self.max_draft)
         self.pred_length = self.max_prediction  # a prediction is trusted until it misses
         self.context_pace = Pace(self.max_draft)
         self.model = model  # DraftSlots, or None
@@ -316,7 +323,7 @@ class Speculator:
         self.max_draft = max_draft
         self.end_ids = frozenset(end_ids)
         self.draft = draft  # the model's DraftSlots (draft_model.py), or None
-        self.costs = PassCosts(MAX_STREAMS * (2 + PREDICTION_SPAN * max_draft))
+        self.costs = PassCosts(MAX_STREAMS * (1 + prediction_draft(max_draft)))
 
     def drafter(self, request, output: list[int]) -> Drafter | None:
         """A choice's drafter, or None where it never speculates (see the module doc)."""
