@@ -19,6 +19,7 @@ import mmap
 import numpy as np
 
 from kernels import kv_types
+from kernels.host_buffers import host_copy
 
 
 class KVCache:
@@ -93,9 +94,10 @@ class KVCache:
     def save(self, slot: int, n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Copies of positions start .. n of `slot` as stored: (n_layer, n_kv_head, n - start,
         row) each (row = head_dim values for f32 and f16, head_dim / 32 Q8_0 blocks' bytes)."""
+        # Not np.ascontiguousarray: host_buffers.py says why (a ~400 ms stall per 188 MB).
         return (
-            np.ascontiguousarray(self.k[:, slot, :, start:n]),
-            np.ascontiguousarray(self.v[:, slot, :, start:n]),
+            host_copy(self.k[:, slot, :, start:n]),
+            host_copy(self.v[:, slot, :, start:n]),
         )
 
     @property

@@ -249,6 +249,19 @@ class SlotContents:
         in host memory: the service fills in its k and v (`kv.save`), then `spilled()`."""
         return self._spill_from.pop(slot, None)
 
+    def make_spill_room(self, entry: Spilled, n_bytes: int) -> None:
+        """Before `entry` is saved (n_bytes): the store's oldest entries go now, not after
+        the copy, so that the copy writes the host memory they held (host_buffers.py)
+        rather than fresh pages, and the two are never held at once. Nothing goes for an
+        entry that will not be stored (claimed, or over the bound by itself)."""
+        if entry.claimed or n_bytes > self.max_spill_bytes:
+            return
+        total = sum(e.nbytes for e in self._spilled if not _same(e, entry))
+        while self._spilled and total + n_bytes > self.max_spill_bytes:
+            dropped = self._spilled.pop(0)
+            if not _same(dropped, entry):
+                total -= dropped.nbytes
+
     def spilled(self, entry: Spilled, now: float) -> None:
         """`entry` saved: into the store, unless a prompt admitted in the same step already
         claimed it (it goes straight back into that prompt's slot)."""

@@ -74,6 +74,8 @@ class SlotKeeper:
             self.slot_contents.let_go(started.slots, spare)
             spill = self.slot_contents.spill_source(slot)
             if spill is not None:  # what the slot kept, to host memory before it is overwritten
+                n_bytes = len(spill.tokens) * self.kv.bytes_per_token()
+                self.slot_contents.make_spill_room(spill, n_bytes)
                 spill.k, spill.v = self.kv.save(slot, len(spill.tokens))
                 self.slot_contents.spilled(spill, time.monotonic())
             cached = 0

@@ -17,7 +17,8 @@
   threshold at MMAP_THRESHOLD: in a 7-minute cluster soak its instances sat 30-50 MB
   lower and swung less (bench/RESULTS.md, "Heap"); the cost is a page fault per 4 KB of
   each big temporary, noise beside the work that fills it.
-- Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back.
+- Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back,
+  and the free maps of host KV copies (kernels/host_buffers.py) with them.
   The engine calls it when it goes idle after work (never on the decode path).
 """
 
@@ -29,6 +30,8 @@ import logging
 import os
 import threading
 import time
+
+from kernels import host_buffers
 
 log = logging.getLogger("pantheon.engine")
 
@@ -141,6 +144,7 @@ def trim(force: bool = False) -> bool:
     TRIM_EVERY_S unless `force`. Returns whether it trimmed."""
     lib = _libc()
     if lib is None:
+        host_buffers.trim()
         return False
     now = time.monotonic()
     with _lock:
@@ -148,4 +152,5 @@ def trim(force: bool = False) -> bool:
             return False
         _state["last_trim"] = now
     lib.malloc_trim(0)
+    host_buffers.trim()
     return True

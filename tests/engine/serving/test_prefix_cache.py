@@ -231,6 +231,28 @@ def test_an_overwritten_slot_goes_to_host_memory_and_comes_back_for_its_prompt()
     assert contents.restore_source(1) is None
 
 
+def test_room_for_a_spill_is_made_before_its_copy():
+    """The oldest entries go before the copy (its memory can reuse theirs: host_buffers),
+    exactly those that storing it would have pushed out, and none for an entry that will
+    not be stored."""
+    contents = SlotContents(max_positions=1000, max_parked=1, max_spill_bytes=1_000)
+    for i in range(3):
+        _store(contents, range(i * 100, i * 100 + 20), nbytes=150, now=i)  # 3 x 300 bytes
+    contents.ended(0, tuple(range(500, 540)), now=4.0)
+    contents.freed([0], now=4.0)
+    assert contents.prefer((9,) * 30, [0]) == 0
+    entry = contents.spill_source(0)
+    contents.make_spill_room(entry, 400)
+    assert contents.spilled_bytes() == 600  # the oldest went: 600 + 400 fits
+    entry.k, entry.v = _Arr(200), _Arr(200)
+    contents.spilled(entry, now=5.0)
+    assert contents.spilled_bytes() == 1_000  # nothing more went after the copy
+    contents.make_spill_room(Spilled((5,) * 20, "", None, None, 6.0), 2_000)  # never stored
+    claimed = Spilled((6,) * 20, "", None, None, 6.0, claimed=True)
+    contents.make_spill_room(claimed, 500)  # goes back into a slot, not into the store
+    assert contents.spilled_bytes() == 1_000
+
+
 def test_host_memory_is_bounded_and_skips_what_is_not_worth_it():
     contents = SlotContents(max_positions=1000, max_parked=4, max_spill_bytes=1_000)
     for i in range(4):  # 4 x 400 bytes into 1000: the two least recent go

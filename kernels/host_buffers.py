@@ -1,0 +1,97 @@
+"""Host copies of KV (spilled prefixes, parked conversations) in memory that is reused.
+
+numpy asks for transparent huge pages on every array of 4 MB or more; on a host whose
+THP defrag policy is `madvise` (the common default) the first touch of such an array
+waits for the kernel to compact memory, and a long-running server's memory is
+fragmented: a 188 MB slot copied out at admission took ~400 ms, stalling every stream
+(bench/RESULTS.md, 2026-12-04 third session). Plain pages cost less but still fault
+page by page (65-240 ms for the same copy on this VM). So a copy of 4 MB or more gets
+an anonymous map of its own, and when every array on it is gone the map goes to a short
+free list instead of back to the OS: the next copy of about its size (the spill that
+evicted it, the next conversation moved out) writes pages that are already there.
+`trim()` (the engine's idle trim) hands the free list back.
+
+How a map's end is seen: numpy makes the flat array read from the map the base of every
+view taken of it (and of views of views), so that array dies with the last one; a
+weakref callback then files the map (never while any array can still read it:
+tests/kernels/test_host_buffers.py).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import weakref
+
+import numpy as np
+
+_OWN_MAP_BYTES = 1 << 22  # below this numpy's allocator serves (heap reuse, no huge pages)
+_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+FREE_MAX_BYTES = 1 << 30  # what the free list may hold between trims
+_SLACK = 4  # a free map serves a request of at least 1 / (1 + 1/_SLACK) of its size
+
+_lock = threading.Lock()
+_free: list[mmap.mmap] = []
+
+
+def host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array; past 4 MB on a map of its own (a free one of
+    about the size when there is one)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    n_bytes = count * dtype.itemsize
+    if n_bytes < _OWN_MAP_BYTES:
+        return np.empty(shape, dtype)
+    buffer = _take(n_bytes) or mmap.mmap(-1, n_bytes, flags=_FLAGS)
+    flat = np.frombuffer(buffer, dtype=dtype, count=count)
+    weakref.finalize(flat, _give_back, buffer).atexit = False
+    return flat.reshape(shape)
+
+
+def host_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `array` (any strides) in host_empty's memory."""
+    out = host_empty(array.shape, array.dtype)
+    np.copyto(out, array)
+    return out
+
+
+def free_bytes() -> int:
+    with _lock:
+        return sum(len(m) for m in _free)
+
+
+def trim() -> int:
+    """Unmap the free list; the bytes handed back."""
+    with _lock:
+        maps, _free[:] = list(_free), []
+    return sum(_close(m) for m in maps)
+
+
+def _take(n_bytes: int) -> mmap.mmap | None:
+    """The smallest free map that holds n_bytes without much to spare."""
+    with _lock:
+        fits = [m for m in _free if n_bytes <= len(m) <= n_bytes + n_bytes // _SLACK]
+        if not fits:
+            return None
+        best = min(fits, key=len)
+        _free.remove(best)
+    return best
+
+
+def _give_back(buffer: mmap.mmap) -> None:
+    if buffer.closed:
+        return
+    with _lock:
+        if sum(len(m) for m in _free) + len(buffer) <= FREE_MAX_BYTES:
+            _free.append(buffer)
+            return
+    _close(buffer)
+
+
+def _close(buffer: mmap.mmap) -> int:
+    n = len(buffer)
+    try:
+        buffer.close()
+    except BufferError:  # still exported (cannot happen after the view died): left to GC
+        return 0
+    return n
