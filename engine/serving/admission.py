@@ -103,6 +103,7 @@ class Admission:
                     request.params.max_tokens,
                     request.cache_namespace,
                     request.priority,
+                    session_id,
                 )
             except QueueFull as exc:
                 if session_id is not None:

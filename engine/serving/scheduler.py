@@ -80,6 +80,7 @@ class _Group:
     max_tokens: int
     enqueued_at: float
     namespace: str = ""  # whose kept prefixes it may reuse (choose_slot)
+    session: str | None = None  # the session id whose turn it is (choose_slot)
     priority: str = INTERACTIVE  # its class (priority.py)
     parked: bool = False  # a batch group whose slots an interactive one took
     seqs: list[_Seq] = field(default_factory=list)
@@ -102,7 +103,7 @@ class Scheduler:
         queue_timeout_s: float = 30.0,
         end_ids: Collection[int] = (),
         clock: Callable[[], float] = time.monotonic,
-        choose_slot: Callable[[tuple[int, ...], list[int], str], int] | None = None,
+        choose_slot: Callable[[tuple[int, ...], list[int], str, str | None], int] | None = None,
         batch_share: float = 1.0,
     ):
         if n_slots < 1:
@@ -138,11 +139,13 @@ class Scheduler:
         max_tokens: int = 1,
         namespace: str = "",
         priority: str = INTERACTIVE,
+        session: str | None = None,
     ) -> int:
         """Queue a request of `n` choices (`namespace`: whose kept prefixes it may reuse);
         returns its group id. Raises QueueFull (an interactive request only)."""
         group_id = next(self._group_ids)
         group = _Group(group_id, tuple(prompt), max(1, n), max_tokens, self.clock(), namespace)
+        group.session = session
         if priority == BATCH:  # never refused: the batch runner bounds what it sends
             group.priority = BATCH
             self.lane.waiting.append(group)
@@ -422,7 +425,7 @@ class Scheduler:
     def _take_slot(self, group: _Group | None) -> int:
         if group is None or self.choose_slot is None:
             return heapq.heappop(self._free)
-        slot = self.choose_slot(group.prompt, list(self._free), group.namespace)
+        slot = self.choose_slot(group.prompt, list(self._free), group.namespace, group.session)
         self._free.remove(slot)
         heapq.heapify(self._free)
         return slot

@@ -167,6 +167,11 @@ class SlotKeeper:
         conflict = self.sessions.park(request.session_id, conversation, resumed)
         del resumed
         self.slot_contents.ended(
-            event.slot, tokens, now, request.cache_namespace, parked=conversation
+            event.slot,
+            tokens,
+            now,
+            request.cache_namespace,
+            parked=conversation,
+            session=request.session_id,
         )
         return conflict

@@ -183,6 +183,30 @@ def test_only_a_quarter_of_the_slots_keep_parked_conversations():
     assert contents.freed([], now=1.0) == [1]
 
 
+def test_a_session_turn_continues_its_own_parked_conversation_in_its_slot():
+    """Turn 2 shares turn 1's prompt but not its answer's tokens (the template renders the
+    answer its own way): the turn takes the conversation's slot and overwrites the short
+    tail, rather than copying the long shared part into another slot. Another session's
+    conversation, or a tail longer than the shared part, is still copied from."""
+    history = tuple(range(100, 300))  # turn 1's prompt
+    conv = _Conv()
+    contents = SlotContents(max_positions=1000, max_parked=4)
+    contents.ended(2, (*history, 7, 8, 9), now=0.0, namespace="k", parked=conv, session="s1")
+    contents.freed([2], now=0.0)
+    turn2 = (*history, 5, 6, 11)
+    assert contents.prefer(turn2, [0, 1, 2], namespace="k", session="s1") == 2
+    assert contents.copy_source(2) is None and not conv.moved_out
+    # Another session with the same history: the shared part is copied, the slot stays.
+    assert contents.prefer(turn2, [0, 1, 2], namespace="k", session="s2") == 0
+    assert contents.copy_source(0) == (2, len(history))
+    assert contents.prefer(turn2, [0, 1, 2], namespace="k") == 0  # no session: the same
+    contents.copy_source(0)
+    # Its own, but the tail it would overwrite is longer than what it keeps: copied.
+    short = (*history[:50], 1)
+    assert contents.prefer(short, [0, 1, 2], namespace="k", session="s1") == 0
+    assert contents.copy_source(0) == (2, 50)
+
+
 # --- host memory behind the slots (spilled prefixes) ------------------------------------
 
 
