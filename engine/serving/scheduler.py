@@ -143,13 +143,12 @@ class Scheduler:
     ) -> int:
         """Queue a request of `n` choices (`namespace`: whose kept prefixes it may reuse);
         returns its group id. Raises QueueFull (an interactive request only)."""
-        group_id = next(self._group_ids)
-        group = _Group(group_id, tuple(prompt), max(1, n), max_tokens, self.clock(), namespace)
-        group.session = session
+        group = _Group(next(self._group_ids), tuple(prompt), max(1, n), max_tokens, self.clock())
+        group.namespace, group.session = namespace, session
         if priority == BATCH:  # never refused: the batch runner bounds what it sends
             group.priority = BATCH
             self.lane.waiting.append(group)
-            return group_id
+            return group.group_id
         if self._queued_behind(min(n, self.served_slots)) >= self.queue_depth + 1:
             raise QueueFull(
                 f"all {self.served_slots} slots are busy and {self.queued} requests wait"
