@@ -26,6 +26,7 @@ CPU_SOURCES = [
     "kernels/cpu/decode.c",
     "kernels/cpu/mixture.c",
     "kernels/cpu/kv.c",
+    "kernels/cpu/scratch.c",
 ]
 CPU_HEADERS = [
     "kernels/cpu/bind.h",

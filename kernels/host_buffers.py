@@ -1,15 +1,20 @@
-"""Host copies of KV (spilled prefixes, parked conversations) in memory that is reused.
+"""Host arrays that are made again and again (KV copies, a decode step's logits) in
+memory that is reused.
 
-numpy asks for transparent huge pages on every array of 4 MB or more; on a host whose
-THP defrag policy is `madvise` (the common default) the first touch of such an array
-waits for the kernel to compact memory, and a long-running server's memory is
-fragmented: a 188 MB slot copied out at admission took ~400 ms, stalling every stream
-(bench/RESULTS.md, 2026-12-04 third session). Plain pages cost less but still fault
-page by page (65-240 ms for the same copy on this VM). So a copy of 4 MB or more gets
-an anonymous map of its own, and when every array on it is gone the map goes to a short
-free list instead of back to the OS: the next copy of about its size (the spill that
-evicted it, the next conversation moved out) writes pages that are already there.
-`trim()` (the engine's idle trim) hands the free list back.
+Two costs of a fresh big array, both measured on this VM (bench/RESULTS.md, 2026-12-04
+third session):
+- numpy asks for transparent huge pages on every array of 4 MB or more; on a host whose
+  THP defrag policy is `madvise` (the common default) its first touch waits for the
+  kernel to compact memory, and a long-running server's memory is fragmented: a 188 MB
+  slot copied out at admission took ~400 ms, stalling every stream.
+- The server fixes glibc's mmap threshold at 256 KB (kernels/devices/threads.py), so an
+  array past it is a fresh mapping faulted in page by page: a B = 8 step's 1.5 MB of
+  logits, ~400 page faults every step.
+So an array of 256 KB or more gets an anonymous map of its own (plain pages), and when
+every array on it is gone the map goes to a short free list instead of back to the OS:
+the next array of about its size (the next step's logits, the spill that evicted it, the
+next conversation moved out) writes pages that are already there. `trim()` (the
+engine's idle trim) hands the free list back.
 
 How a map's end is seen: numpy makes the flat array read from the map the base of every
 view taken of it (and of views of views), so that array dies with the last one; a
@@ -25,7 +30,7 @@ import weakref
 
 import numpy as np
 
-_OWN_MAP_BYTES = 1 << 22  # below this numpy's allocator serves (heap reuse, no huge pages)
+_OWN_MAP_BYTES = 1 << 18  # below this numpy's allocator serves (glibc's heap: threads.py)
 _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 FREE_MAX_BYTES = 1 << 30  # what the free list may hold between trims
 _SLACK = 4  # a free map serves a request of at least 1 / (1 + 1/_SLACK) of its size
@@ -35,8 +40,8 @@ _free: list[mmap.mmap] = []
 
 
 def host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array; past 4 MB on a map of its own (a free one of
-    about the size when there is one)."""
+    """An uninitialised C-contiguous array; from 256 KB on a map of its own (a free one
+    of about the size when there is one)."""
     dtype = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
     n_bytes = count * dtype.itemsize

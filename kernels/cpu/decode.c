@@ -12,6 +12,7 @@
 #include "mixture.h"
 #include "ops.h"
 #include "quants.h"
+#include "scratch.h"
 
 void dec_matmul(int isa, int nt, const dec_matrix *m, const float *x, int64_t B, float *out) {
     for (int p = 0; p < m->n_parts; p++) {
@@ -28,7 +29,7 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
     /* One allocation for the step's temporaries. */
     const int64_t per_row = D /* h */ + Nqkv + Dq /* q */ + 2 * Dkv /* k, v */ +
                             Dq /* attention */ + D /* out */ + 2 * F + F;
-    float *buf = malloc((size_t)(per_row * B) * sizeof(float));
+    float *buf = scratch_take(SCRATCH_DECODE, (size_t)(per_row * B) * sizeof(float));
     if (buf == NULL)
         return -1;
     float *h = buf, *qkv = h + B * D, *q = qkv + B * Nqkv, *k = q + B * Dq, *v = k + B * Dkv;
@@ -64,7 +65,7 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
         cpu_rms_norm(nt, x, L->ffn_norm, m->eps, B, D, h);
         if (L->moe != NULL) {
             if (cpu_moe_ffn(isa, nt, L->moe, m->act, h, B, D, out) != 0) {
-                free(buf);
+                scratch_give_back(SCRATCH_DECODE, buf);
                 return -1;
             }
         } else {
@@ -77,6 +78,6 @@ int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,
         for (int64_t i = 0; i < B * D; i++)
             x[i] = x[i] + out[i];
     }
-    free(buf);
+    scratch_give_back(SCRATCH_DECODE, buf);
     return 0;
 }

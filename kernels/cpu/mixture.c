@@ -12,6 +12,7 @@
 
 #include "pool.h"
 #include "quants.h"
+#include "scratch.h"
 
 /* ------------------------------------------------------------------ routing */
 
@@ -188,8 +189,8 @@ int cpu_moe_ffn(int isa, int nt, const dec_moe *m, int act, const float *h, int6
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         total += (sizes[i] + 63) & ~(size_t)63;
-    arena a = {NULL, 0};
-    if (posix_memalign((void **)&a.base, 64, total) != 0)
+    arena a = {scratch_take(SCRATCH_MIXTURE, total), 0};
+    if (a.base == NULL)
         return -1;
     float *logits = take(&a, sizes[0]), *weights;
     int64_t *chosen = take(&a, sizes[1]);
@@ -262,6 +263,6 @@ int cpu_moe_ffn(int isa, int nt, const dec_moe *m, int act, const float *h, int6
             out[i] = out[i] + y[i];
     }
 done:
-    free(a.base);
+    scratch_give_back(SCRATCH_MIXTURE, a.base);
     return rc;
 }

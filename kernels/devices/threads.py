@@ -16,7 +16,9 @@
   server (never idle, so never trimmed) keeps the freed pages. `configure` fixes the
   threshold at MMAP_THRESHOLD: in a 7-minute cluster soak its instances sat 30-50 MB
   lower and swung less (bench/RESULTS.md, "Heap"); the cost is a page fault per 4 KB of
-  each big temporary, noise beside the work that fills it.
+  each big temporary, which is not noise for what every decode step makes again: the
+  compiled step keeps its buffers per thread (kernels/cpu/scratch.c) and the logits go
+  on reused pages (kernels/host_buffers.py); tests/kernels/cpu/test_step_memory.py.
 - Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back,
   and the free maps of host KV copies (kernels/host_buffers.py) with them.
   The engine calls it when it goes idle after work (never on the decode path).

@@ -28,7 +28,7 @@ def test_a_copy_is_contiguous_and_equal():
     copy = host_buffers.host_copy(kv[:, 1, :, :2500])
     assert copy.flags.c_contiguous and copy.shape == (4, 3, 2500, 64)
     assert np.array_equal(copy, kv[:, 1, :, :2500])
-    small = host_buffers.host_copy(kv[:1, 1, :1, :10])  # below 4 MB: numpy's own memory
+    small = host_buffers.host_copy(kv[:1, 1, :1, :10])  # below 256 KB: numpy's own memory
     assert np.array_equal(small, kv[:1, 1, :1, :10])
 
 
