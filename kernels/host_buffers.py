@@ -35,7 +35,9 @@ _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0
 FREE_MAX_BYTES = 1 << 30  # what the free list may hold between trims
 _SLACK = 4  # a free map serves a request of at least 1 / (1 + 1/_SLACK) of its size
 
-_lock = threading.Lock()
+# Reentrant: a collection inside a locked section can free a host array, whose callback
+# (_give_back) then takes the lock on the same thread.
+_lock = threading.RLock()
 _free: list[mmap.mmap] = []
 
 

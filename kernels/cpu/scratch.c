@@ -53,6 +53,7 @@ void *scratch_take(int slot, size_t bytes) {
 }
 
 void scratch_give_back(int slot, void *block) {
+    (void)pthread_once(&g_once, make_key); /* no take may have made the key yet */
     kept_blocks *k = pthread_getspecific(g_key);
     if (k == NULL || block != k->block[slot])
         free(block);
