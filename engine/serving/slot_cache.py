@@ -276,10 +276,8 @@ class SlotContents:
         if entry.claimed or entry.nbytes > self.max_spill_bytes:
             return
         self._spilled = [e for e in self._spilled if not _same(e, entry)]
+        self.make_spill_room(entry, entry.nbytes)  # least recently spilled first
         self._spilled.append(entry)
-        total = sum(e.nbytes for e in self._spilled)
-        while total > self.max_spill_bytes:
-            total -= self._spilled.pop(0).nbytes  # least recently spilled first
 
     def spilled_bytes(self) -> int:
         return sum(e.nbytes for e in self._spilled)
