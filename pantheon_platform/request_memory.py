@@ -24,6 +24,8 @@ from __future__ import annotations
 from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
 from django.http import HttpRequest
 
+from .request_threads import RequestThreads
+
 # Attributes through which a request refers to itself, and those holding its body.
 CYCLIC = ("auser", "user", "_cached_user", "_acached_user", "_messages")
 HEAVY = ("_body", "_stream", "_post", "_files")
@@ -36,7 +38,18 @@ def release(request: HttpRequest) -> None:
 
 
 class ASGIHandler(DjangoASGIHandler):
-    """Django's handler, its disconnect listener without the exception (see above)."""
+    """Django's handler, its disconnect listener without the exception (see above), its
+    thread-sensitive calls on kept threads (request_threads.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads = RequestThreads()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":  # as Django: it serves nothing else
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        async with self.threads.lend():
+            await self.handle(scope, receive, send)
 
     async def listen_for_disconnect(self, receive):
         message = await receive()

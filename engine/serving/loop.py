@@ -39,7 +39,7 @@ from .batch import REFUSED_MEMORY, Batch, Finished, Refused, Sampled, Started
 from .draft_model import DraftModel, DraftSlots
 from .jobs import JobQueue
 from .memory import MemoryLadder
-from .records import Choice, EngineRequest, EngineStats
+from .records import Choice, EngineRequest, EngineStats, hand_over
 from .runner import Runner
 from .scheduler import Scheduler
 from .sessions import SessionTable
@@ -457,9 +457,8 @@ class EngineLoop:
 
 
 def _flushed(posted: list[EngineRequest]) -> list[EngineRequest]:
-    """Hand each request its posted token events, one hand-over per request; [] after."""
-    for req in posted:
-        req.flush()
+    """Hand the step's posted token events over (records.hand_over); [] after."""
+    hand_over(posted)
     return []
 
 

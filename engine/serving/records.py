@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..decoding.output import ChoiceOutput
 from ..decoding.state import DecodeState
@@ -25,12 +26,13 @@ class EngineRequest:
     # time.monotonic() when it reached the engine and when its slots were given (metrics)
     arrived_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
-    # A step's token events wait here (`post`) and leave together (`flush`): one wake-up
-    # of the request's event loop per step, not one per token (a verify pass emits up to
-    # 8 of them), and a choice's answer text of one step in one event (`joined`), so one
-    # chunk on the wire, as vLLM streams a verified draft. `emit_many`: hands a list over
-    # at once; None: `emit` each.
-    emit_many: Callable[[list], None] | None = None
+    # A step's token events wait here (`post`) and leave together (`flush`, or the
+    # engine loop's `hand_over` for all of a step's requests): one wake-up of the event
+    # loop per step, not one per token (a verify pass emits up to 8 of them) nor one per
+    # stream, and a choice's answer text of one step in one event (`joined`), so one
+    # chunk on the wire, as vLLM streams a verified draft. `handoff`: (the event loop, a
+    # function taking a list of events there); None: `emit` each.
+    handoff: tuple[Any, Callable[[list], None]] | None = None
     outbox: list = field(default_factory=list)
 
     def post(self, event: object) -> None:
@@ -40,19 +42,40 @@ class EngineRequest:
             self.outbox.append(event)
 
     def flush(self) -> None:
-        events, self.outbox = self.outbox, []
-        if not events:
-            return
-        if self.emit_many is not None:
-            self.emit_many(events)
-        else:
-            for event in events:
-                self.emit(event)
+        hand_over([self])
 
     def send(self, event: object) -> None:
         """`event` now, after what was posted before it."""
         self.flush()
         self.emit(event)
+
+
+def hand_over(posted: list[EngineRequest]) -> None:
+    """Hand each request its posted events: those with a `handoff` in one
+    call_soon_threadsafe per event loop (a write to its self-pipe, and the loop wakes
+    once for the step's streams), the others `emit` each."""
+    by_loop: dict[Any, list] = {}
+    for req in posted:
+        events, req.outbox = req.outbox, []
+        if not events:
+            continue
+        if req.handoff is None:
+            for event in events:
+                req.emit(event)
+        else:
+            loop, put_all = req.handoff
+            by_loop.setdefault(loop, []).append((req, put_all, events))
+    for loop, parts in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_parts, parts)
+        except RuntimeError:  # the loop is gone: nobody is listening any more
+            for req, _, _ in parts:
+                req.closed = True
+
+
+def _put_parts(parts: list) -> None:
+    for _, put_all, events in parts:
+        put_all(events)
 
 
 def joined(first: object, then: object) -> TokenEvent | None:

@@ -355,14 +355,8 @@ class ModelService:
             for event in batch:
                 events.put_nowait(event)
 
-        def emit_many(batch: list) -> None:
-            try:
-                loop.call_soon_threadsafe(put_all, batch)
-            except RuntimeError:
-                req.closed = True
-
         req.emit = emit
-        req.emit_many = emit_many
+        req.handoff = (loop, put_all)
         n = max(1, min(request.n, MAX_CHOICES))
         session_id = request.session_id if self.sessions.enabled else None
         if session_id is not None:

@@ -1,14 +1,34 @@
 """EngineRequest's outbox: a step's token events leave together and before anything sent
 after them (engine/serving/records.py)."""
 
-from engine.serving.records import EngineRequest
+from engine.serving.records import EngineRequest, hand_over
 from engine.types import GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
+
+
+class Loop:
+    """An event loop as the engine thread sees it: call_soon_threadsafe, here run at once
+    and counted (each is a write to the loop's self-pipe and a wake-up)."""
+
+    def __init__(self, closed: bool = False) -> None:
+        self.wake_ups = 0
+        self.closed = closed
+
+    def call_soon_threadsafe(self, fn, *args):
+        if self.closed:
+            raise RuntimeError("Event loop is closed")
+        self.wake_ups += 1
+        fn(*args)
+
+
+def handed_over(loop: Loop, handed: list) -> EngineRequest:
+    req = EngineRequest(GenerationRequest("m", (1, 2), SamplingParams()), emit=handed.append)
+    req.handoff = (loop, lambda events: handed.append(tuple(events)))
+    return req
 
 
 def test_posted_events_leave_in_one_hand_over_before_a_sent_one():
     handed: list = []
-    req = EngineRequest(GenerationRequest("m", (1, 2), SamplingParams()), emit=handed.append)
-    req.emit_many = lambda events: handed.append(tuple(events))
+    req = handed_over(Loop(), handed)
     req.post("a")
     req.post("b")
     assert handed == []  # nothing leaves before the flush
@@ -18,7 +38,35 @@ def test_posted_events_leave_in_one_hand_over_before_a_sent_one():
     assert handed == [("a", "b"), "error"]
 
 
-def test_without_emit_many_each_event_is_emitted_in_order():
+def test_a_steps_streams_on_one_event_loop_wake_it_once():
+    loop, other = Loop(), Loop()
+    handed: list[list] = [[], [], []]
+    reqs = [
+        handed_over(loop, handed[0]),
+        handed_over(loop, handed[1]),
+        handed_over(other, handed[2]),
+    ]
+    for i, req in enumerate(reqs):
+        req.post(f"t{i}")
+    reqs[1].post("u1")
+    hand_over(reqs)
+    assert handed == [[("t0",)], [("t1", "u1")], [("t2",)]]
+    assert (loop.wake_ups, other.wake_ups) == (1, 1)
+    hand_over(reqs)  # nothing posted since: no wake-up
+    assert (loop.wake_ups, other.wake_ups) == (1, 1)
+
+
+def test_a_request_whose_event_loop_is_gone_is_closed():
+    handed: list = []
+    gone, live = handed_over(Loop(closed=True), handed), handed_over(Loop(), handed)
+    gone.post("a")
+    live.post("b")
+    hand_over([gone, live])
+    assert gone.closed and not live.closed
+    assert handed == [("b",)]
+
+
+def test_without_a_handoff_each_event_is_emitted_in_order():
     handed: list = []
     req = EngineRequest(GenerationRequest("m", (1,), SamplingParams()), emit=handed.append)
     for event in "xyz":
