@@ -18,6 +18,10 @@ from .slot_cache import SlotContents
 if TYPE_CHECKING:
     from .records import EngineRequest
 
+# Positions past a request's prompt and max_tokens that a verify pass may still write
+# (its drafts: speculation.prediction_draft of the default 7, rounded up).
+WRITE_MARGIN = 16
+
 
 class SlotKeeper:
     def __init__(self, kv, contents: SlotContents, sessions: SessionTable, prefix_cache: bool):
@@ -105,9 +109,14 @@ class SlotKeeper:
             # What the slots held past the resumed positions has moved out (spilled, parked)
             # or is dead: its pages go back now, not when this request ends, so a displaced
             # conversation is not held twice (in its host copy and in the slot) meanwhile.
-            self.kv.release(slot, keep=cached)
+            # Not the pages this request may write itself (its prompt, its max_tokens, a
+            # verify pass's drafts): each (layer, head) run is a madvise with a TLB
+            # shootdown, and each page a fault back (8 cached chat requests at once: ~15 ms
+            # of admission for nothing).
+            reach = len(prompt) + req.request.params.max_tokens + WRITE_MARGIN
+            self.kv.release(slot, keep=max(cached, reach))
             for other in started.slots[1:]:
-                self.kv.release(other)
+                self.kv.release(other, keep=reach)
             self.slot_contents.taken(started.slots, spare)  # overwritten from now on
             if spare is not None:
                 self.slot_contents.pin(slot, spare)

@@ -16,6 +16,7 @@ from engine.serving.conversation import Conversation
 from engine.serving.session_blob_read import decode as decode_blob
 from engine.serving.session_key import SessionKey
 from engine.serving.slot_cache import SlotContents
+from engine.serving.slot_keeper import WRITE_MARGIN
 from engine.types import GenerationRequest, SamplingParams
 from tests.support import generate_text
 
@@ -266,3 +267,41 @@ def test_a_reused_slot_gives_back_the_moved_out_pages_when_it_is_taken(svc):
         t.join()
     assert conv.resident_slot is None and conv.host_bytes == conv.nbytes  # moved out
     assert held == 0
+
+
+def test_a_taken_slot_keeps_the_pages_its_request_will_write(svc):
+    """The hand-back spares what the new request may write itself (its prompt, its
+    max_tokens and a draft's margin): those pages would fault straight back, each
+    (layer, head) run after a madvise of its own. Past them, pages still go back."""
+    history = [{"role": "user", "content": "Keepers trimmed wicks and logged ships. " * 60}]
+    run(svc, history, "lazy-reach")
+    conv = parked(svc, "lazy-reach")
+    slot, n = conv.resident_slot, conv.n_tok
+    max_tokens = 200
+    prompts = [
+        tuple(svc.encode_chat([{"role": "user", "content": f"Tell a story about {i}."}]))
+        for i in range(svc.max_concurrent)
+    ]
+    reach = max(len(p) for p in prompts) + max_tokens + WRITE_MARGIN
+    assert n > 400 and reach + 64 < n - 32
+    started = threading.Barrier(svc.max_concurrent + 1, timeout=120)
+
+    async def one(prompt):
+        request = GenerationRequest(
+            "lazy", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        )
+        async for _ in svc.generate(request):  # admitted and running: leave at once
+            await asyncio.to_thread(started.wait)
+            return
+
+    threads = [threading.Thread(target=asyncio.run, args=(one(p),)) for p in prompts]
+    for t in threads:
+        t.start()
+    started.wait()
+    k = svc.kv.k[:, slot, :]
+    stale = int(np.count_nonzero(k[:, :, reach - 64 : reach - 16]))  # written by nobody yet
+    past = int(np.count_nonzero(k[:, :, reach + 16 : n - 32]))
+    for t in threads:
+        t.join()
+    assert stale > 0  # kept: the request writes there itself before it reads
+    assert past == 0  # handed back
