@@ -75,6 +75,7 @@ _EXPORTS: dict[str, str] = {
     "POOLINGS": "engine.serving.embedding",
     # one conversation's KV as bytes (exported, spilled, restored)
     "encode_session_blob": "engine.serving.session_blob:encode",
+    "encode_session_blob_parts": "engine.serving.session_blob:encode_parts",
     "read_session_blob_header": "engine.serving.session_blob_read:read_header",
 }
 

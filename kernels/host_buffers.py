@@ -39,6 +39,7 @@ _SLACK = 4  # a free map serves a request of at least 1 / (1 + 1/_SLACK) of its 
 # (_give_back) then takes the lock on the same thread.
 _lock = threading.RLock()
 _free: list[mmap.mmap] = []
+_unkept: set[int] = set()  # id() of live maps to close, not file, when their array dies
 
 
 def host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -60,6 +61,20 @@ def host_copy(array: np.ndarray) -> np.ndarray:
     out = host_empty(array.shape, array.dtype)
     np.copyto(out, array)
     return out
+
+
+def unkept(array: np.ndarray) -> None:
+    """The map under `array` (when host_empty made it) goes back to the OS when its last
+    view is gone, not onto the free list: a copy made for a while (a session blob being
+    written, conversation.py) is nobody's next array, and on the free list it stayed
+    resident until the idle trim (84 MB per 1.9k-token SmolLM2 conversation written)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    buffer = base.obj if isinstance(base, memoryview) else base
+    if isinstance(buffer, mmap.mmap):
+        with _lock:
+            _unkept.add(id(buffer))
 
 
 def free_bytes() -> int:
@@ -89,7 +104,9 @@ def _give_back(buffer: mmap.mmap) -> None:
     if buffer.closed:
         return
     with _lock:
-        if sum(len(m) for m in _free) + len(buffer) <= FREE_MAX_BYTES:
+        if id(buffer) in _unkept:
+            _unkept.discard(id(buffer))
+        elif sum(len(m) for m in _free) + len(buffer) <= FREE_MAX_BYTES:
             _free.append(buffer)
             return
     _close(buffer)

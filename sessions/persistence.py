@@ -56,7 +56,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine import OPEN, BadSessionBlob, SessionKey, encode_session_blob, read_session_blob_header
+from engine import (
+    OPEN,
+    BadSessionBlob,
+    SessionKey,
+    encode_session_blob_parts,
+    read_session_blob_header,
+)
 from pantheon_platform import shutdown
 from pantheon_platform.runtime import get_runtime
 from sessions import records, tenancy
@@ -88,15 +94,18 @@ def _index(path: Path) -> int | None:
 # --- files ------------------------------------------------------------------------------
 
 
-def write_atomic(path: Path, data: bytes, *, hold_s: float = 0.0) -> None:
-    """Write `data` to `path` so that a crash leaves the old file or the new one, whole:
-    a temp file in the same folder, flushed and fsynced, renamed over `path`, then the
-    folder fsynced so the rename itself is durable. `hold_s`: a test hook's pause before
-    the rename (see _test_spill_delay_s)."""
+def write_atomic(path: Path, data: bytes | list, *, hold_s: float = 0.0) -> None:
+    """Write `data` (bytes, or a list of buffers written in turn: a blob's parts, never
+    joined into a second copy) to `path` so that a crash leaves the old file or the new
+    one, whole: a temp file in the same folder, flushed and fsynced, renamed over `path`,
+    then the folder fsynced so the rename itself is durable. `hold_s`: a test hook's pause
+    before the rename (see _test_spill_delay_s)."""
+    parts = data if isinstance(data, list) else [data]
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         if hold_s > 0:
@@ -185,7 +194,9 @@ def _spill_locked(svc, folder: Path) -> dict[SessionKey, int]:
         for i, conv in enumerate(by_key[key]):
             path = folder / f"{file_stem(key)}-{i}{SUFFIX}"
             try:
-                write_atomic(path, encode_session_blob(svc.snapshot(key, conv)), hold_s=hold_s)
+                write_atomic(
+                    path, encode_session_blob_parts(svc.snapshot(key, conv)), hold_s=hold_s
+                )
             except Exception:
                 log.exception("cannot spill a conversation of a session to %s", path)
                 continue
@@ -350,7 +361,7 @@ class DurableWriter:
             ref = self._on_disk.get(path)
             if ref is not None and ref() is conv and path.exists():
                 continue  # conversations are immutable: that file holds it already
-            write_atomic(path, encode_session_blob(svc.snapshot(key, conv)))
+            write_atomic(path, encode_session_blob_parts(svc.snapshot(key, conv)))
             self.wrote(path, conv)
         for path in folder.glob(f"{stem}-*{SUFFIX}"):
             index = _index(path)

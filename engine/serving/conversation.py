@@ -24,6 +24,8 @@ import threading
 
 import numpy as np
 
+from kernels import host_buffers
+
 
 class Conversation:
     def __init__(self, tokens, k: np.ndarray, v: np.ndarray):
@@ -93,7 +95,10 @@ class Conversation:
         with self._lock:
             if self._slot is None:
                 return self._k, self._v
-            return self._copy_locked()
+            k, v = self._copy_locked()
+        host_buffers.unkept(k)  # its memory back to the OS once the reader is done
+        host_buffers.unkept(v)
+        return k, v
 
     def move_out(self) -> None:
         """Copy the KV out of its slot into host memory, once (any thread). The engine

@@ -162,15 +162,21 @@ def _raw_bytes(arr: np.ndarray) -> memoryview:
 
 
 def encode(snapshot: SessionSnapshot) -> bytes:
-    """The blob for `snapshot` (format above).
+    """The blob for `snapshot` (format above), joined once from `encode_parts`."""
+    return b"".join(encode_parts(snapshot))
+
+
+def encode_parts(snapshot: SessionSnapshot) -> list[bytes | memoryview]:
+    """The blob for `snapshot` as consecutive parts: the preamble and header, views of K
+    and V, the digest. A writer that writes them in turn never holds a second copy of
+    the KV (the disk writer: a 1.9k-token SmolLM2 conversation is 84 MB).
 
     Raises ValueError when the snapshot is inconsistent (a programming error): layout
     fields of the wrong type or negative, no tokens or a token out of range, K/V not
     float32 or not of shape (n_layer, n_kv_head, len(tokens), head_dim).
 
-    Memory: the result is joined once from the header and views of K and V, hashed
-    incrementally; K/V are copied beforehand only if they are not already C-contiguous
-    little-endian float32.
+    Memory: K/V are copied only if they are not already C-contiguous little-endian
+    float32; the digest is computed over the parts in place.
     """
     layout = snapshot.layout
     if not isinstance(layout, KVLayout):
@@ -241,4 +247,4 @@ def encode(snapshot: SessionSnapshot) -> bytes:
     for part in parts:
         digest.update(part)
     parts.append(digest.digest())
-    return b"".join(parts)
+    return parts

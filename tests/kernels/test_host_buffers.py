@@ -76,6 +76,18 @@ def test_trim_hands_the_free_list_back():
     assert host_buffers.free_bytes() == 0
 
 
+def test_an_unkept_copy_goes_back_to_the_os_not_onto_the_free_list():
+    kv = source()
+    kept, unkept = host_buffers.host_copy(kv[:, 0]), host_buffers.host_copy(kv[:, 1])
+    host_buffers.unkept(unkept[1:, :, 5:])  # any view of it says so
+    n = kept.nbytes
+    del unkept
+    assert host_buffers.free_bytes() == 0
+    del kept
+    assert host_buffers.free_bytes() == n
+    host_buffers.unkept(np.zeros(3))  # numpy's own memory: nothing to do
+
+
 def test_kv_save_copies_survive_the_slot_being_rewritten():
     cache = KVCache(n_layer=4, n_slots=2, n_kv_head=3, n_ctx=4096, head_dim=64)
     rows = np.random.default_rng(1).standard_normal((3, 4000, 64), dtype=np.float32)

@@ -8,15 +8,24 @@ import os
 import struct
 import subprocess
 import sys
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from engine.serving.session_blob import FORMAT_VERSION, MAGIC, KVLayout, SessionSnapshot, encode
+from engine.serving.session_blob import (
+    FORMAT_VERSION,
+    MAGIC,
+    KVLayout,
+    SessionSnapshot,
+    encode,
+    encode_parts,
+)
 from engine.serving.session_blob_read import decode, read_header
 from engine.types import BadSessionBlob, WeightsVersionMismatch
+from sessions.persistence import write_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LAYOUT = KVLayout("llama", "abcdef0123456789", n_layer=3, n_kv_head=2, head_dim=8)
@@ -448,3 +457,20 @@ def test_the_module_stands_alone_without_django():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_the_disk_writer_writes_a_blobs_parts_without_a_joined_copy(tmp_path):
+    """encode_parts gives the blob as views of K and V, and write_atomic writes them in
+    turn: the file is the joined blob, and writing it holds no second copy of the KV."""
+    layout = replace(LAYOUT, n_layer=8, n_kv_head=4, head_dim=64)
+    snap = snapshot(layout, tokens=tuple(range(2000)))  # K and V: 16 MB each
+    kv_bytes = snap.k.nbytes + snap.v.nbytes
+    path = tmp_path / "one.blob"
+    tracemalloc.start()
+    try:
+        write_atomic(path, encode_parts(snap))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert path.read_bytes() == encode(snap)
+    assert peak < kv_bytes // 8, (peak, kv_bytes)  # joined, it was the whole blob
