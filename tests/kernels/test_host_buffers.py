@@ -88,6 +88,21 @@ def test_an_unkept_copy_goes_back_to_the_os_not_onto_the_free_list():
     host_buffers.unkept(np.zeros(3))  # numpy's own memory: nothing to do
 
 
+def test_a_fresh_map_sends_back_as_much_of_the_smaller_free_maps():
+    """Maps freed that fit no later request are not held beside the fresh one it needs:
+    free maps no larger than it go back, oldest first, up to its size."""
+    kv = source(4000)
+    a, b, c = (host_buffers.host_copy(kv[:, 0, :, :n]) for n in (300, 400, 500))
+    sizes = [a.nbytes, b.nbytes, c.nbytes]
+    del a, b, c  # three small maps on the free list, oldest first
+    big = host_buffers.host_copy(kv[:, 0, :, :600])  # fits none of them: a fresh map
+    # The oldest go until the fresh map's size is reached: 300 + 400 >= 600 positions.
+    assert host_buffers.free_bytes() == sizes[2]
+    other = host_buffers.host_copy(kv[:, 1, :, :350])  # fits no free map either
+    assert host_buffers.free_bytes() == sizes[2]  # and a bigger free map is never closed for it
+    del big, other
+
+
 def test_kv_save_copies_survive_the_slot_being_rewritten():
     cache = KVCache(n_layer=4, n_slots=2, n_kv_head=3, n_ctx=4096, head_dim=64)
     rows = np.random.default_rng(1).standard_normal((3, 4000, 64), dtype=np.float32)
