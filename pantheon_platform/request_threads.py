@@ -6,10 +6,12 @@ receivers, at the latest `response.close`) starts a fresh thread, and the event 
 waits in `Thread.start` until the new thread runs. On a host whose cores are busy with
 the kernels that wait is milliseconds per request, with the loop stopped: a burst of
 eight streamed chats spent ~2.5 ms a request there (py-spy, bench/RESULTS.md
-2026-12-04, fourth session). Here each request borrows one of a few long-lived
-single-thread executors (asgiref's `ThreadSensitiveContext(executor=...)`), the least
-busy, so its sync calls still run one at a time on one thread (Django's database
-connections are per thread), and no request ever starts one.
+2026-12-04, fourth session). Here each request borrows an idle single-thread executor
+(asgiref's `ThreadSensitiveContext(executor=...)`), a new one only when none is idle, and
+gives it back when it ends: as with Django's, a request's sync calls run one at a time
+on a thread no other request uses meanwhile (database connections are per thread; an
+operator's unload may wait minutes in its sync view and holds up nobody), and up to
+KEEP idle threads wait for the next requests instead of ending.
 """
 
 from __future__ import annotations
@@ -19,28 +21,34 @@ from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext
 
-# Enough that a slow sync view (an operator route's database work) holds up few others;
-# each is one idle thread until used.
-THREADS = 4
+# Idle request threads kept: a burst of concurrent requests starts no thread after the
+# first such burst; each is one idle thread.
+KEEP = 8
 
 
 class RequestThreads:
-    """Single-thread executors lent one per request, the least busy first (event loop
-    thread only, so the counts need no lock)."""
+    """Single-thread executors lent one per request, never two requests at once (event
+    loop thread only, so the idle list needs no lock)."""
 
-    def __init__(self, n: int = THREADS) -> None:
-        self._executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pantheon-request-{i}")
-            for i in range(n)
-        ]
-        self._lent = [0] * n
+    def __init__(self, keep: int = KEEP) -> None:
+        self.keep = keep
+        self._idle: list[ThreadPoolExecutor] = []
+        self._made = 0
 
     @contextlib.asynccontextmanager
     async def lend(self):
-        i = min(range(len(self._lent)), key=self._lent.__getitem__)
-        self._lent[i] += 1
+        executor = self._idle.pop() if self._idle else self._new()
         try:
-            async with ThreadSensitiveContext(executor=self._executors[i]):
+            async with ThreadSensitiveContext(executor=executor):
                 yield
         finally:
-            self._lent[i] -= 1
+            if len(self._idle) < self.keep:
+                self._idle.append(executor)
+            else:
+                executor.shutdown(wait=False)
+
+    def _new(self) -> ThreadPoolExecutor:
+        self._made += 1
+        return ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"pantheon-request-{self._made}"
+        )

@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
 
 from pantheon_platform.request_memory import ASGIHandler
-from pantheon_platform.request_threads import THREADS, RequestThreads
+from pantheon_platform.request_threads import RequestThreads
 from tests.wire.helpers import AsgiCall
 
 BODY = json.dumps({"model": "nope", "content": "hello"}).encode()
@@ -24,20 +24,21 @@ def test_one_requests_sync_calls_share_a_thread_and_no_call_starts_one():
             return {await sync_to_async(threading.get_ident)() for _ in range(3)}
 
     async def many():
-        first = await one_request()  # the executors start their threads on first use
+        first = await one_request()  # the executor starts its thread on first use
         before = threading.active_count()
         seen = [await one_request() for _ in range(20)]
         return first, seen, before, threading.active_count()
 
     first, seen, before, after = asyncio.run(many())
     assert all(len(s) == 1 for s in [first, *seen])  # each request: one thread
-    assert len(set().union(*seen)) == 1  # one at a time: always the least busy, the first
+    assert len(set().union(*seen)) == 1  # one at a time: the idle one, again and again
     assert after == before
 
 
-def test_concurrent_requests_get_separate_threads_while_they_last():
-    threads = RequestThreads()
-    started = threading.Barrier(THREADS, timeout=10)
+def test_concurrent_requests_never_share_a_thread_and_some_are_kept():
+    threads = RequestThreads(keep=3)
+    n = 5  # more at once than are kept
+    started = threading.Barrier(n, timeout=10)
 
     async def one_request() -> int:
         async with threads.lend():
@@ -46,9 +47,10 @@ def test_concurrent_requests_get_separate_threads_while_they_last():
             return await sync_to_async(lambda: (started.wait(), threading.get_ident())[1])()
 
     async def together():
-        return await asyncio.gather(*(one_request() for _ in range(THREADS)))
+        return await asyncio.gather(*(one_request() for _ in range(n)))
 
-    assert len(set(asyncio.run(together()))) == THREADS
+    assert len(set(asyncio.run(together()))) == n
+    assert len(threads._idle) == 3  # the others ended
 
 
 def served_thread_names(app, n: int) -> set[str]:
