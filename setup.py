@@ -38,6 +38,7 @@ CPU_HEADERS = [
     "kernels/cpu/decode.h",
     "kernels/cpu/mixture.h",
     "kernels/cpu/kv.h",
+    "kernels/cpu/scratch.h",
 ]
 
 setup(
