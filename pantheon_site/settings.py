@@ -26,7 +26,7 @@ PANTHEON_THREADS       threads of the engine, one pool for every loaded model (0
                        kernels/devices/threads.py)
 PANTHEON_BACKEND       compute backend: auto (the compiled CPU kernels when they were
                        built, else numpy), cpu, numpy (the float32 reference), or cuda
-                       (the GPU backend on die 0; not yet run on a GPU)
+                       (the GPU backend on die 0; tests/gpu run on an H200)
 PN_DIE_RESERVE_BYTES   bytes of each GPU die kept out of its budget (512 MiB;
                        kernels/devices/dies.py reads it)
 PANTHEON_ACTIVATIONS   float32 (exact products, the default) or bfloat16 (decode products

@@ -27,7 +27,15 @@ import math
 
 import numpy as np
 
-from .sampler import Sample, Sampler, _allowed, _gather, _penalty_terms, forced_sample
+from .sampler import (
+    TOP_P_SLACK,
+    Sample,
+    Sampler,
+    _allowed,
+    _gather,
+    _penalty_terms,
+    forced_sample,
+)
 
 
 def to_host(xp, a) -> np.ndarray:
@@ -216,8 +224,9 @@ def _nucleus(xp, z, w, totals, p):
     # Each count below is the length of a prefix of the sorted row (cum and w are monotone),
     # so counting over all of V and taking the minimum with cap counts over the candidates.
     cum = xp.cumsum(w / total[:, None], axis=1)
-    # apply_top_p: searchsorted(cum, p, "left") + 1 is the count of cum < p, plus one.
-    n_p = xp.where(top_p < 1.0, (cum < top_p[:, None]).sum(axis=1) + 1, cap)
+    # apply_top_p: searchsorted(cum, p - slack, "left") + 1 is the count of cum < p - slack,
+    # plus one.
+    n_p = xp.where(top_p < 1.0, (cum < (top_p - TOP_P_SLACK)[:, None]).sum(axis=1) + 1, cap)
     n_m = xp.where(min_p > 0.0, (w >= (min_p * w[:, 0])[:, None]).sum(axis=1), cap)
     n_w = (w > 0.0).sum(axis=1)
     return xp.minimum(xp.minimum(n_p, n_m), xp.minimum(n_w, cap))

@@ -84,12 +84,19 @@ def _top_k_of(values: np.ndarray, k: int) -> np.ndarray:
     return idx[np.lexsort((idx, -values[idx]))]
 
 
+# top_p's nucleus is the shortest prefix whose mass reaches p less this slack. A prefix
+# that reaches p exactly (a uniform row and p = 0.5: every token -inf, say) would otherwise
+# hinge on the last bits of a running sum (1.8e-13 off after 24,576 terms of 1 / 49,152), whose order differs between numpy and a device's
+# parallel scan (seen on an H200: device_sampling's nucleus one token shorter).
+TOP_P_SLACK = 1e-9
+
+
 def apply_top_p(probs_desc: np.ndarray, p: float) -> int:
     """How many of the descending-sorted probabilities form the nucleus of mass p (>= 1)."""
     if p >= 1.0:
         return len(probs_desc)
     cumulative = np.cumsum(probs_desc)
-    return int(np.searchsorted(cumulative, p, side="left")) + 1
+    return int(np.searchsorted(cumulative, p - TOP_P_SLACK, side="left")) + 1
 
 
 def apply_min_p(weights_desc: np.ndarray, min_p: float) -> int:

@@ -90,8 +90,10 @@ class PipelineModel:
         self._kv_holders.add(id(kv))
 
     def release(self, kv: SplitKV) -> None:
-        """Forget `kv` on its dies; with the last KV cache served, the weights and the
-        captured graphs too (the model is unloading)."""
+        """Forget `kv` on its dies and its captured graphs; with the last KV cache served,
+        the weights and every graph too (the model is unloading)."""
+        if self.graphs is not None:
+            self.graphs.drop_cache(kv.serial)
         if id(kv) not in self._kv_holders:
             return
         self._kv_holders.discard(id(kv))
@@ -172,16 +174,16 @@ class PipelineModel:
         self.stages[0].model.check_positions(pos, kv)
         x = tokens
         for i, (stage, (_, part)) in enumerate(zip(self.stages, kv.parts, strict=True)):
-            x = stage.run(self._decode_stage, i, stage.model, x, pos, slots, part)
+            x = stage.run(self._decode_stage, (i, kv.serial), stage.model, x, pos, slots, part)
         self.reached = True
         if keep_on_device:
             return x
         return self.stages[-1].run(self.stages[-1].model.backend.to_host, x)
 
-    def _decode_stage(self, i: int, model: DecoderModel, x, positions, slots, kv):
-        """Stage i's decode rows, on its die's thread: through its CUDA-graph slot for this
-        many rows where the stages capture graphs (replayed, captured, or direct:
-        kernels/devices/graphs.py), else direct."""
+    def _decode_stage(self, key: tuple, model: DecoderModel, x, positions, slots, kv):
+        """A stage's decode rows, on its die's thread: through its CUDA-graph slot for this
+        many rows on this KV cache (key: (stage, SplitKV.serial)) where the stages capture
+        graphs (replayed, captured, or direct: kernels/devices/graphs.py), else direct."""
 
         def step(inputs, pos, rows_slots):
             return model.decode_rows(inputs, pos, rows_slots, kv, keep_on_device=True)
@@ -195,7 +197,7 @@ class PipelineModel:
             width = None if model.embeds else model.hp.d_model
             return model.backend.capture_step(step, bucket, width, kv.scratch_slot)
 
-        return self.graphs.run(i, len(positions), step, capture, x, positions, slots)
+        return self.graphs.run(key, len(positions), step, capture, x, positions, slots)
 
     def graphs_report(self, operator: bool = False) -> dict | None:
         """The contract's `graphs` object; None without graph slots (no stage can capture,

@@ -16,8 +16,9 @@ else reuses them between replays); one direct run fills that pool and compiles e
 kernel before capture begins, so the capture allocates nothing new. Capture runs in
 "relaxed" mode on the die's own (non-default) stream.
 
-Not yet run on a GPU (issue 16): tests/gpu/test_cuda_graphs.py checks replay against the
-direct step, bitwise, the first time a GPU session runs tests/gpu.
+Run on an H200 (2026-12-04): tests/gpu/test_cuda_graphs_and_dies.py checks replay
+against the direct step, bitwise. A graph reads and writes the KV cache it was captured
+on, so kernels/devices/graphs.py keys its slots by cache.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import queue
 import threading
@@ -188,12 +189,16 @@ def _cuda_context(cupy, ordinal: int) -> Iterator[Callable[[], None]]:
             yield stream.synchronize
 
 
+_kv_serials = itertools.count()
+
+
 class SplitKV:
     """The KV caches of a model split across dies (each holds its stage's layers, on its
     die) behind one KV cache interface; every call on a part runs on that part's die."""
 
     def __init__(self, parts: list[tuple[Die, Any]]):
         self.parts = parts  # (die, KV cache), in layer order
+        self.serial = next(_kv_serials)  # never reused, unlike id(): keys its CUDA graphs
         self.n_ctx = parts[0][1].n_ctx
         self.n_slots = parts[0][1].n_slots
 

@@ -12,6 +12,9 @@ compute the same bits, slower; it is retried after a backoff that doubles, and g
 (`gave_up`) after MAX_CAPTURE_FAILURES. A step wider than the largest bucket is
 `ineligible`: it always runs direct, which is normal.
 
+A graph reads and writes the KV cache it was captured on, so a slot's key names the cache
+too (`SplitKV.serial`): another cache of the same model captures graphs of its own.
+
 The bookkeeping here is plain Python (the suite runs it with a capture function of its
 own); kernels/cuda/graphs.py captures and replays on CuPy.
 """
@@ -109,6 +112,12 @@ class GraphSlots:
         with self._lock:
             for slot in self.slots.values():
                 slot.graph = None
+
+    def drop_cache(self, cache) -> None:
+        """Forget the slots of one KV cache (keys are (stage, cache)): it is released."""
+        with self._lock:
+            for key in [k for k in self.slots if k[0][1] == cache]:
+                del self.slots[key]
 
     # ---- the contract's `graphs` object ----
 

@@ -7,13 +7,15 @@ numpy reference (tests/engine/models/test_xp_backend.py); the CUDA C kernels tha
 the slow steps (a dequantising mat-vec instead of dequantise-then-matmul, flash-decode
 attention, fused norms) get these functions as their twins.
 
-Not yet a served backend: `kernels.BACKENDS` has no "cuda" entry, because no line of this
-has run on a GPU (no session has had one). What is missing for issue 16 is listed in
-DESIGN.md ("GPU backend").
+Never served on a GPU: a CUDA die computes with kernels/cuda/backend.py (CudaBackend);
+this is its twin, bench_gpu's `--backend xp` baseline, and the host dies' backend in the
+suite.
 
 Batch invariance, as the seam requires: `linear` multiplies each row of x alone (a stack
-of row vectors, one product each) against fixed chunks of weight rows, so a row's result
-never depends on the batch; `attention_decode` runs each row over its own slot.
+of row vectors, one product each) against fixed chunks of weight rows, so on numpy a row's
+result never depends on the batch; `attention_decode` runs each row over its own slot. On
+CuPy that matmul becomes one cuBLAS GEMM whose kernel depends on B: rows agree within
+1e-4, not bitwise (seen on an H200; tests/gpu/test_xp_on_cupy.py).
 """
 
 from __future__ import annotations

@@ -16,8 +16,11 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PANTHEON_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$out/gpu.txt"
 python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__,
   'devices', cupy.cuda.runtime.getDeviceCount())" 2>&1 | tee -a "$out/gpu.txt"
+# One hung test must not take the whole call: pytest-timeout is in the image.
+per_test=""
+python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout=90"
 timeout 270 python3 -m pytest -q -rA -p no:cacheprovider -o addopts= --confcutdir=tests/gpu \
-    tests/gpu 2>&1 | tee "$out/gpu-tests.log"
+    $per_test tests/gpu 2>&1 | tee "$out/gpu-tests.log"
 tests_rc="${PIPESTATUS[0]}"
 # The figures beside their rooflines, on a SmolLM2-shaped file written there.
 timeout 150 python3 bench/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.txt"

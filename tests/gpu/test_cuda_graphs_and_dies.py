@@ -2,7 +2,7 @@
 stream) and its decode steps through CUDA graphs (kernels/cuda/graphs.py): replayed steps
 give the direct steps' bits, padding rows touch only the scratch slot, every capture
 succeeds, and the `graphs` / `attention` reports say so; /admin/dies' numbers from the
-device. Not yet run on a GPU (no session has had one)."""
+device. Run on an H200 (tests/gpu/run-on-device.sh)."""
 
 from __future__ import annotations
 

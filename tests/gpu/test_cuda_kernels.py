@@ -5,7 +5,7 @@ kernel calls expf / tanhf (GLU, soft-cap, attention); the mat-vec and attention 
 as alone for B = 1..8; and CudaBackend on the tiny qwen2 / qwen3 models against XpBackend
 on numpy, decode rows bitwise as alone.
 
-Not yet run on a GPU (no session has had one); here the kernels only compile
+Run on an H200 (tests/gpu/run-on-device.sh); on the CPU the kernels only compile
 (tests/kernels/cuda/test_cuda_sources.py). NVRTC compiles each program once per session (the
 launchers cache the modules), a few seconds in all."""
 

@@ -3,7 +3,7 @@ PANTHEON_BACKEND=cuda, a model loaded on die 0 serving chat, a stream and a sess
 and the operator rows saying where it runs (kernel cuda, VRAM, dies, CUDA graphs live,
 attention on the die). The model is a tiny llama GGUF written here (the shipped SmolLM2
 does not travel to the GPU machine). Needs the server's packages there: `make
-gpu-wheels` carries them (tests/gpu/run-on-device.sh). Not yet run on a GPU."""
+gpu-wheels` carries them (tests/gpu/run-on-device.sh). Run on an H200."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ the host's sample_batch: the same tokens, logprobs within 1e-6 (the device's exp
 summation order differ from numpy's in the last bits), RNG streams in step; and a step
 copies back only its tokens and logprobs, never a (B, V) array.
 
-Not yet run on a GPU (no session has had one). The cases are the suite's
+Run on an H200 (tests/gpu/run-on-device.sh). The cases are the suite's
 (tests/engine/decoding/test_device_sampling.py), which runs the same code with xp = numpy."""
 
 from __future__ import annotations

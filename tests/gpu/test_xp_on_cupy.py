@@ -1,9 +1,9 @@
 """The GPU backend's logic with xp = CuPy against the same code with xp = numpy: block
 dequantisation for every type, the tiny qwen2 / qwen3 models (logits and greedy text),
-each decode row bitwise as alone on the device, and weights resident as the file's bytes.
+each decode row as alone on the device (within 1e-4: cuBLAS), and weights resident as
+the file's bytes.
 
-Not yet run on a GPU (no session has had one): the first GPU session runs this folder
-with tests/gpu/run-on-device.sh before any CUDA C is written."""
+Run on an H200 with tests/gpu/run-on-device.sh."""
 
 from __future__ import annotations
 
@@ -59,10 +59,16 @@ def test_tiny_models_compute_on_the_device_what_they_compute_on_numpy(cp, name):
 
 
 @pytest.mark.parametrize("name", TINY_MODELS)
-def test_each_decode_row_is_bitwise_as_alone_on_the_device(cp, name):
+def test_each_decode_row_is_as_alone_on_the_device(cp, name):
+    """Within 1e-4 (as the logits against numpy above), not bitwise: XpBackend's row
+    products are one (B, 1, K) x (K, N) matmul, which CuPy hands to cuBLAS as a (B, K)
+    GEMM whose kernel (and summation order) depends on B (seen on an H200: last-bit
+    differences from B = 2). XpBackend on CuPy is
+    the kernels' twin and bench_gpu's baseline, never served: a CUDA die computes with
+    CudaBackend, whose rows are bitwise as alone (test_cuda_kernels.py)."""
     model = load(cp, name)
     assert isinstance(model.make_kv_cache(1, 4).k, cp.ndarray)
-    check_batch_invariance(model, 256, [3, 5, 9, 2, 12, 7, 4, 6])
+    check_batch_invariance(model, 256, [3, 5, 9, 2, 12, 7, 4, 6], rtol=1e-4)
 
 
 def test_weights_live_on_the_device_as_the_files_bytes(cp):

@@ -15,7 +15,7 @@ import pytest
 
 from engine.decoding import state as state_module
 from engine.decoding.device_sampling import pack_mask, sample_batch_on, unpack_mask
-from engine.decoding.sampler import Sample, Sampler, sample_batch
+from engine.decoding.sampler import Sample, Sampler, apply_top_p, sample_batch
 from engine.decoding.state import DecodeState, choose_rows
 from engine.types import SamplingParams
 from kernels import array_module
@@ -161,6 +161,41 @@ def test_a_row_without_usable_logits_samples_as_the_host():
         want = sample_batch(host, logits, masks)
         assert_same(sample_batch_on(np, device, strict(logits), masks), want, 1e-12)
         assert {s.token_id for s in want[2:]} <= {7, 8, 40} and want[1].token_id in (3, 9)
+
+
+class ScanInBlocks:
+    """numpy, except that cumsum adds in blocks, then the blocks' totals, as a device's
+    parallel scan does: the last bits of a running sum differ from numpy's."""
+
+    asnumpy = staticmethod(np.asarray)  # as CuPy's: the one copy back
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def cumsum(a, axis):
+        assert axis == 1
+        out, offset = np.empty_like(a), np.zeros(a.shape[0], dtype=a.dtype)
+        for j in range(0, a.shape[1], 4):
+            block = np.cumsum(a[:, j : j + 4], axis=1)
+            out[:, j : j + 4] = block + offset[:, None]
+            offset = offset + block[:, -1]
+        return out
+
+
+@pytest.mark.parametrize("V", [20, 4096])
+def test_a_nucleus_reaching_top_p_exactly_does_not_hinge_on_the_sums_order(V):
+    """A uniform row (every logit -inf) with top_p 0.5: half the tokens reach p exactly,
+    and numpy's running sum lands a bit under 0.5 where a blocked one lands on it. Both
+    take the same nucleus (sampler.TOP_P_SLACK), so both draw the same tokens."""
+    assert apply_top_p(np.full(V, 1.0 / V), 0.5) == V // 2
+    logits = np.full((2, V), -np.inf, dtype=np.float32)
+    p = SamplingParams(temperature=1.7, top_p=0.5, seed=5, logprobs=True)
+    host, device = [Sampler(p) for _ in range(2)], [Sampler(p) for _ in range(2)]
+    for _ in range(40):
+        want = sample_batch(host, logits, None)
+        assert_same(sample_batch_on(ScanInBlocks(), device, logits, None), want, 1e-12)
+        assert all(s.token_id < V // 2 for s in want)
 
 
 def test_a_mask_allowing_nothing_raises_before_any_rng_moves():

@@ -66,3 +66,27 @@ def test_graphed_steps_give_the_direct_steps_bits():
     operator = graphed.graphs_report(operator=True)
     assert (operator["captures"], operator["capture_failures"], operator["gave_up"]) == (4, 0, 0)
     assert operator["segment"]["total"] == 6
+
+
+def test_a_second_kv_cache_gets_graphs_of_its_own():
+    """A captured step reads and writes the KV cache it was captured on: a step on another
+    cache of the same model (a bench's, a second service's) must not replay that graph."""
+    graphed, direct = split(True), split(False)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, 256, size=n) for n in (6, 9)]
+    caches = []
+    for prompt in prompts:
+        pair = [m.make_kv_cache(1, 32) for m in (graphed, direct)]
+        for model, kv in zip((graphed, direct), pair, strict=True):
+            model.forward(prompt, 0, kv, 0)
+        caches.append(pair)
+    for (kv_graphed, kv_direct), prompt in zip(caches, prompts, strict=True):
+        for step in range(3):  # direct, capture, replay: each cache's own
+            tokens, pos = [int(rng.integers(0, 256))], [len(prompt) + step]
+            a = graphed.forward_decode(tokens, pos, [0], kv_graphed)
+            b = direct.forward_decode(tokens, pos, [0], kv_direct)
+            assert np.array_equal(a, b), step
+    assert graphed.graphs_report(operator=True)["captures"] == 4  # 2 caches x 2 stages
+
+    graphed.release(caches[0][0])  # that cache's graphs go with it
+    assert graphed.graphs_report()["total"] == 2
