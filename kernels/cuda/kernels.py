@@ -111,6 +111,19 @@ def _device_ints(cupy, values) -> object:
     return cupy.asarray(np.asarray(values, dtype=np.int32))
 
 
+def _aligned(cupy, x):
+    """x itself when it starts on 16 bytes (the mat-vec reads it as float4), else a copy:
+    a contiguous slice may start anywhere (CuPy's own allocations are 256-byte aligned)."""
+    address = getattr(x.data, "ptr", None)
+    if address is None:  # the emulator's arrays (tests/kernels/cuda/cuda_emu)
+        address = x.ctypes.data
+    if address % 16 == 0:
+        return x
+    copy = cupy.empty_like(x)
+    copy[...] = x
+    return copy
+
+
 def _ints(*values: int) -> tuple:
     """Kernel int arguments: CuPy passes a Python int as 64 bits, an `int` parameter wants 32."""
     return tuple(np.int32(v) for v in values)
@@ -125,7 +138,7 @@ def matvec(x, blocks, qtype: Q, n: int, k: int, out=None):
     wider row-major array (a part of stacked matrices)."""
     import cupy
 
-    x = cupy.ascontiguousarray(x, dtype=np.float32)
+    x = _aligned(cupy, cupy.ascontiguousarray(x, dtype=np.float32))
     blocks = cupy.ascontiguousarray(blocks)
     B = x.shape[0]
     if out is None:

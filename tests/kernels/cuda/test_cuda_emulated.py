@@ -93,6 +93,22 @@ def test_the_matvec_writes_a_stacked_part_into_its_columns(cp):
     assert (got[:, :30] == 7).all() and (got[:, 70:] == 7).all()
 
 
+def test_x_starting_off_16_bytes_is_copied_before_the_float4_loads(cp, monkeypatch):
+    """The mat-vec reads x as float4 (16-byte loads, which fault on a GPU when unaligned):
+    an x starting 4 bytes into an allocation is copied by the launcher; without that copy
+    the emulator's alignment check stops the kernel."""
+    blocks = blocks_of(Q.Q4_1, 9, 64)
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
+    buffer = cp.zeros(3 * 64 + 1, dtype=np.float32)
+    buffer[1:] = cp.asarray(x.ravel())
+    X = buffer[1:].reshape(3, 64)  # contiguous, 4 bytes off the allocation's alignment
+    ours = cuda_kernels.matvec(X, cp.asarray(blocks), Q.Q4_1, 9, 64)
+    assert same_bits(cp.asnumpy(ours), cuda_twins.matvec(x, blocks, Q.Q4_1))
+    monkeypatch.setattr(cuda_kernels, "_aligned", lambda cupy, a: a)
+    with pytest.raises(cuda_emu.EmulatorError, match="16-byte aligned"):
+        cuda_kernels.matvec(X, cp.asarray(blocks), Q.Q4_1, 9, 64)
+
+
 def test_a_dense_float32_matrix_is_read_as_f32_blocks(cp):
     # CudaBackend passes a dense weight's float32 array itself as matvec_f32's bytes.
     w = np.random.default_rng(3).standard_normal((9, 64)).astype(np.float32)

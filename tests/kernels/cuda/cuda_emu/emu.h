@@ -37,6 +37,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -61,6 +62,16 @@
 // Each shuffle site is named by its line, so lanes meeting at different sites are an error.
 #define __shfl_xor_sync(mask, value, lane_mask) \
     emu::shfl_xor((mask), (value), (lane_mask), __LINE__)
+
+// CUDA's float4, and the mat-vec's 16-byte load with the alignment the device requires
+// checked (an unaligned float4 load faults on a GPU; on x86 it would just work).
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+namespace emu {
+inline float4 float4_at(const float* p);
+}
+#define PN_FLOAT4_AT(p) emu::float4_at(p)
 
 struct emu_dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -231,6 +242,13 @@ inline bool run_block(Runner& r) {
                "a barrier in a divergent branch");
     }
     return r.error.empty();
+}
+
+inline float4 float4_at(const float* p) {
+    if (reinterpret_cast<uintptr_t>(p) % 16) runner->fail("a float4 load from an address not 16-byte aligned");
+    float4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
 inline void syncthreads() {
