@@ -102,6 +102,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token, [0, 20]
+    # llama.cpp's (and vLLM's) extension: the model's end-of-turn tokens are never drawn,
+    # so the answer runs to max_tokens or a stop string (the serving loop bans them).
+    ignore_eos: bool = False
 
 
 MAX_CHOICES = 8  # the contract's cap on `n`

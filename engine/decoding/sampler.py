@@ -131,7 +131,9 @@ class Sampler:
         bias: dict[int, float] = {}  # a repeated id: the last one wins, as in a JSON object
         for token_id, b in params.logit_bias:
             if 0 <= int(token_id) <= _IMAX and not math.isnan(float(b)):
-                bias[int(token_id)] = _clamp(b, -100.0, 100.0, 0.0)
+                # -inf bans the token (ignore_eos; the HTTP edge clamps clients' to -100).
+                banned = float(b) == -math.inf
+                bias[int(token_id)] = -math.inf if banned else _clamp(b, -100.0, 100.0, 0.0)
         self.bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self.bias_values = np.fromiter(bias.values(), dtype=np.float64, count=len(bias))
 

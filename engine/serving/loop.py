@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from dataclasses import replace
@@ -286,6 +287,11 @@ class EngineLoop:
                 def grammar(plan=plan, gtok=gtok) -> Constraint:
                     return Constraint(plan, gtok)
 
+            if params.ignore_eos:  # the end-of-turn tokens banned: -inf, after the client's
+                ends = sorted(self.tokenizer.end_of_turn_ids)
+                params = replace(
+                    params, logit_bias=(*params.logit_bias, *((i, -math.inf) for i in ends))
+                )
             for index, seq_id in enumerate(started.seq_ids):
                 seed = None if params.seed is None else params.seed + index
                 state = DecodeState(Sampler(replace(params, seed=seed)), grammar)

@@ -150,6 +150,9 @@ def schemas() -> dict:
             "logit_bias": _nullable(
                 {"type": "object", "maxProperties": MAX_LOGIT_BIAS, "additionalProperties": True}
             ),
+            "ignore_eos": _nullable(
+                {"type": "boolean", "description": "true: end-of-turn tokens are never drawn."}
+            ),
             "user": _nullable(STRING),
             "session_id": _nullable(
                 {

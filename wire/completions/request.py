@@ -70,6 +70,11 @@ class CompletionRequest(serializers.Serializer):
         required=False, allow_null=True, max_value=REPETITION_PENALTY_MAX
     )
     logit_bias = LogitBiasField(required=False, allow_null=True)
+    ignore_eos = StrictBooleanField(
+        required=False,
+        allow_null=True,
+        help_text="llama.cpp's extension: true never draws the model's end-of-turn tokens.",
+    )
     user = StrictCharField(required=False, allow_null=True, allow_blank=True)
     session_id = StrictCharField(required=False, allow_null=True, max_length=IDENTIFIER_MAX)
     speculation = SpeculationField()
@@ -155,6 +160,7 @@ class CompletionRequest(serializers.Serializer):
             logit_bias=data.get("logit_bias") or (),
             logprobs=self.top_wanted is not None,
             top_logprobs=self.top_wanted or 0,
+            ignore_eos=bool(data.get("ignore_eos")),
         )
 
 

@@ -39,7 +39,7 @@ def params_json(svc, fields: dict | None = None) -> dict:
         "stop": list(f["stop"]),
         "max_tokens": f["n_predict"],
         "n_keep": 0,
-        "ignore_eos": False,
+        "ignore_eos": bool(f.get("ignore_eos")),
         "stream": bool(f["stream"]),
         "n_probs": 0,
         "samplers": SAMPLERS,

@@ -92,6 +92,12 @@ COMMON = _Table(
     Field("stop", Array(String(IDENTIFIER_MAX), MAX_STOP_STRINGS, reader=stop_strings), default=()),
     Field("stream", Boolean(), default=False),
     Field("cache_prompt", Boolean(), description="Accepted; prefix caching is automatic."),
+    Field(
+        "ignore_eos",
+        Boolean(),
+        default=False,
+        description="true: the model's end-of-turn tokens are never drawn.",
+    ),
 )
 
 COMPLETION = (
@@ -152,6 +158,7 @@ class GenerateRequest:
             presence_penalty=f["presence_penalty"],
             frequency_penalty=f["frequency_penalty"],
             repetition_penalty=f["repeat_penalty"],
+            ignore_eos=bool(f["ignore_eos"]),
         )
 
 

@@ -230,6 +230,12 @@ class ChatCompletionRequest(serializers.Serializer):
         "values are skipped.",
     )
     logprobs = StrictBooleanField(required=False, allow_null=True)
+    ignore_eos = StrictBooleanField(
+        required=False,
+        allow_null=True,
+        help_text="llama.cpp's extension: true never draws the model's end-of-turn tokens, "
+        "so the answer runs to max_tokens or a stop string.",
+    )
     top_logprobs = StrictIntegerField(
         required=False,
         allow_null=True,
@@ -316,6 +322,7 @@ class ChatCompletionRequest(serializers.Serializer):
             logit_bias=data.get("logit_bias") or (),
             logprobs=bool(data.get("logprobs")) or self.top_logprobs_clamped > 0,
             top_logprobs=self.top_logprobs_clamped,
+            ignore_eos=bool(data.get("ignore_eos")),
         )
 
     def validate(self, attrs):

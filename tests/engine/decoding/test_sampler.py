@@ -119,6 +119,18 @@ def test_logit_bias_ignores_ids_outside_the_vocabulary_and_nan():
     np.testing.assert_allclose(all_logprobs(s, LOGITS), expected, rtol=1e-12)
 
 
+def test_a_minus_infinity_bias_bans_a_token_even_when_it_is_all_there_is():
+    """-inf is what ignore_eos puts on the end tokens (clients' biases are clamped to -100
+    at the HTTP edge): the token is never drawn, greedy or sampled, whatever its logit."""
+    logits = np.array([0.0, 50.0, 1.0], dtype=np.float32)
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(temperature=temperature, seed=3, logit_bias=((1, -math.inf),))
+        sampler = Sampler(params)
+        assert all(sampler.sample(logits).token_id != 1 for _ in range(50))
+    clamped = Sampler(SamplingParams(temperature=0.0, logit_bias=((1, -1e9),)))
+    assert clamped.bias_values.tolist() == [-100.0]
+
+
 def test_logit_bias_is_clamped_to_100():
     s = Sampler(params(top_logprobs=8, logit_bias=((2, 1e9), (3, -1e9))))
     lp = all_logprobs(s, np.zeros(8, dtype=np.float32))

@@ -51,6 +51,20 @@ async def test_logit_bias_removes_and_forces_tokens(post_chat, served, smollm2_s
     assert text(forced) == tok.decode([forced_id] * 3)
 
 
+async def test_ignore_eos_never_draws_an_end_of_turn_token(post_chat, served, smollm2_service):
+    """llama.cpp's extension: the answer that ends after PARIS runs on to max_tokens; even a
+    +100 bias on the end tokens does not bring them back."""
+    plain = await chat(post_chat, temperature=0)
+    assert text(plain) == PARIS and plain["choices"][0]["finish_reason"] == "stop"
+    ends = sorted(smollm2_service.tokenizer.end_of_turn_ids)
+    ending = {str(i): 100 for i in ends}
+    assert text(await chat(post_chat, temperature=0, logit_bias=ending)) == ""
+    running = await chat(post_chat, temperature=0, ignore_eos=True, logit_bias=ending)
+    assert running["choices"][0]["finish_reason"] == "length"
+    assert running["usage"]["completion_tokens"] == 12
+    assert text(running).startswith(PARIS) and len(text(running)) > len(PARIS)
+
+
 async def test_bad_logit_bias_entries_are_skipped_and_bias_clamped(post_chat, served):
     reply = await chat(
         post_chat, temperature=0, logit_bias={"not-a-token": 5, "12": "x", "999999999": 10}
