@@ -5,6 +5,7 @@ same logprobs and the same finish; the counters prove drafts were really accepte
 from __future__ import annotations
 
 import asyncio
+import types
 from dataclasses import replace
 
 import pytest
@@ -267,6 +268,49 @@ def test_pass_costs_allow_counts_not_measured_yet():
     assert costs.best_rows() == 4
     costs.observe(5, 0.010)  # 0.8 x 30 + 0.2 x 10 = 26 ms: still dearer per row
     assert costs.best_rows() == 4
+
+
+def test_drafts_are_cut_to_what_their_acceptance_pays_for():
+    """Expected tokens per second of the pass: on a dense model's costs a draft pays at
+    modest acceptance; on a mixture of experts' (a second row ~1.7x one) only when most
+    drafts are accepted."""
+    dense, moe = PassCosts(max_rows=16), PassCosts(max_rows=16)
+    for rows, ms in {1: 6.0, 2: 7.1, 3: 8.4, 4: 9.7, 5: 11.5, 6: 13.2, 7: 15.4, 8: 18.0}.items():
+        dense.observe(rows, ms / 1e3)
+    for rows, ms in {1: 9.3, 2: 16.0, 3: 20.0, 4: 24.0, 5: 28.0, 6: 32.0, 7: 36.0, 8: 40.0}.items():
+        moe.observe(rows, ms / 1e3)
+    for costs in (dense, moe):
+        costs.best_rows()  # not a probing step
+        assert not costs.probing
+    assert dense.paying(1, 7, 0.5) == 1  # 1.5 tokens in 7.1 ms; 1.75 in 8.4 is slower
+    assert dense.paying(1, 7, 0.95) == 5  # 8 rows (18 ms) cost more than their tokens
+    assert dense.paying(1, 7, 0.05) == 0  # 1.05 tokens in 7.1 ms: slower than no draft
+    assert moe.paying(1, 7, 0.5) == 0  # 1.5 tokens in 16 ms < 1 in 9.3 ms
+    assert moe.paying(1, 7, 0.95) == 7
+    assert moe.paying(1, 12, 0.95) == 12  # 9 rows and more not measured yet: all of it
+    assert moe.paying(3, 4, 0.5) == 0  # a pass of two more streams' rows: same verdict
+    moe.seconds.pop(3)
+    assert moe.paying(3, 4, 0.2) == 4  # a pass of 3 rows not measured: nothing to judge
+    for _ in range(PassCosts.PROBE_EVERY - 1 - 1):
+        moe.best_rows()
+    moe.best_rows()  # every PROBE_EVERY-th step probes: the whole draft is verified
+    assert moe.probing and moe.paying(1, 7, 0.0) == 7
+
+
+def test_a_context_draft_with_low_acceptance_is_not_verified_on_a_dear_pass():
+    spec = Speculator("auto", max_draft=7, end_ids=())
+    for rows, ms in {1: 9.3, 2: 16.0, 3: 20.0, 4: 24.0, 5: 28.0}.items():
+        spec.costs.observe(rows, ms / 1e3)
+    output = [5, 6, 7, 8]
+    drafter = Drafter([5, 6, 7, 8, 9, 10, 11, 12], output, (), (), 7)
+    state = types.SimpleNamespace(forced=False)
+    choice = types.SimpleNamespace(drafter=drafter, stopped=False, state=state)
+    row = types.SimpleNamespace(seq_id=1, slot=0)
+    spec.costs.best_rows()  # past the first (probing) step
+    drafter.context_pace.rate = 0.9
+    assert spec.drafts([row], {1: choice}, lambda ids: {i: 8 for i in ids})[1].tokens[:2] == (9, 10)
+    drafter.context_pace.rate = 0.3
+    assert spec.drafts([row], {1: choice}, lambda ids: {i: 8 for i in ids}) == {}
 
 
 def test_a_speculators_rows_are_at_most_two_streams_with_full_drafts():
