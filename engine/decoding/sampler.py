@@ -26,7 +26,7 @@ each row with its own RNG: a row's Sample is bit for bit the one `sample` gives 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -105,6 +105,15 @@ def apply_min_p(weights_desc: np.ndarray, min_p: float) -> int:
     if min_p <= 0.0:
         return len(weights_desc)
     return int(np.count_nonzero(weights_desc >= min_p * weights_desc[0]))
+
+
+def ends_banned(params: SamplingParams, end_ids) -> SamplingParams:
+    """`params` itself, or with ignore_eos the end-of-turn tokens banned: a bias of -inf
+    after the client's (a repeated id's last bias wins), so they are never drawn."""
+    if not params.ignore_eos:
+        return params
+    banned = tuple((int(i), -math.inf) for i in sorted(end_ids))
+    return replace(params, logit_bias=(*params.logit_bias, *banned))
 
 
 class Sampler:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 from dataclasses import replace
@@ -23,7 +22,7 @@ from kernels.devices import threads
 
 from ..decoding.constraints import Constraint, GrammarTokenizer
 from ..decoding.output import ChoiceOutput
-from ..decoding.sampler import Sampler
+from ..decoding.sampler import Sampler, ends_banned
 from ..decoding.state import DecodeState
 from ..foreground import FOREGROUND
 from ..text.tokenizer import Tokenizer
@@ -287,11 +286,7 @@ class EngineLoop:
                 def grammar(plan=plan, gtok=gtok) -> Constraint:
                     return Constraint(plan, gtok)
 
-            if params.ignore_eos:  # the end-of-turn tokens banned: -inf, after the client's
-                ends = sorted(self.tokenizer.end_of_turn_ids)
-                params = replace(
-                    params, logit_bias=(*params.logit_bias, *((i, -math.inf) for i in ends))
-                )
+            params = ends_banned(params, self.tokenizer.end_of_turn_ids)
             for index, seq_id in enumerate(started.seq_ids):
                 seed = None if params.seed is None else params.seed + index
                 state = DecodeState(Sampler(replace(params, seed=seed)), grammar)
