@@ -285,13 +285,17 @@ def test_a_taken_slot_keeps_the_pages_its_request_will_write(svc):
     reach = max(len(p) for p in prompts) + max_tokens + WRITE_MARGIN
     assert n > 400 and reach + 64 < n - 32
     started = threading.Barrier(svc.max_concurrent + 1, timeout=120)
+    counted = threading.Event()
 
     async def one(prompt):
         request = GenerationRequest(
             "lazy", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens)
         )
-        async for _ in svc.generate(request):  # admitted and running: leave at once
+        async for _ in svc.generate(request):  # admitted and running
             await asyncio.to_thread(started.wait)
+            # Still running while the slot is read: a request that ends hands its slot's
+            # pages back, which raced the count below (a flaky zero in the full suite).
+            await asyncio.to_thread(counted.wait, 120)
             return
 
     threads = [threading.Thread(target=asyncio.run, args=(one(p),)) for p in prompts]
@@ -301,6 +305,7 @@ def test_a_taken_slot_keeps_the_pages_its_request_will_write(svc):
     k = svc.kv.k[:, slot, :]
     stale = int(np.count_nonzero(k[:, :, reach - 64 : reach - 16]))  # written by nobody yet
     past = int(np.count_nonzero(k[:, :, reach + 16 : n - 32]))
+    counted.set()
     for t in threads:
         t.join()
     assert stale > 0  # kept: the request writes there itself before it reads
