@@ -86,8 +86,9 @@ def _top_k_of(values: np.ndarray, k: int) -> np.ndarray:
 
 # top_p's nucleus is the shortest prefix whose mass reaches p less this slack. A prefix
 # that reaches p exactly (a uniform row and p = 0.5: every token -inf, say) would otherwise
-# hinge on the last bits of a running sum (1.8e-13 off after 24,576 terms of 1 / 49,152), whose order differs between numpy and a device's
-# parallel scan (seen on an H200: device_sampling's nucleus one token shorter).
+# hinge on the last bits of a running sum (1.8e-13 off after 24,576 terms of 1 / 49,152),
+# and the order of that sum differs between numpy and a device's parallel scan (seen on an
+# H200: device_sampling's nucleus one token shorter).
 TOP_P_SLACK = 1e-9
 
 
