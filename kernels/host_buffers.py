@@ -44,18 +44,21 @@ _free: list[mmap.mmap] = []
 _unkept: set[int] = set()  # id() of live maps to close, not file, when their array dies
 
 
-def host_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+def host_empty(shape: tuple[int, ...], dtype, pages_moved_in: bool = False) -> np.ndarray:
     """An uninitialised C-contiguous array; from 256 KB on a map of its own (a free one
-    of about the size when there is one)."""
+    of about the size when there is one). `pages_moved_in`: most of it will be pages
+    moved in from elsewhere (page_moves.py), so always a fresh map whose pages are not
+    faulted in first (they would be zeroed only to be replaced)."""
     dtype = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
     n_bytes = count * dtype.itemsize
     if n_bytes < _OWN_MAP_BYTES:
         return np.empty(shape, dtype)
-    buffer = _take(n_bytes)
+    buffer = None if pages_moved_in else _take(n_bytes)
     if buffer is None:
         _close_for(n_bytes)
-        buffer = mmap.mmap(-1, n_bytes, flags=_FLAGS)
+        flags = _FLAGS & ~getattr(mmap, "MAP_POPULATE", 0) if pages_moved_in else _FLAGS
+        buffer = mmap.mmap(-1, n_bytes, flags=flags)
     flat = np.frombuffer(buffer, dtype=dtype, count=count)
     weakref.finalize(flat, _give_back, buffer).atexit = False
     return flat.reshape(shape)

@@ -14,12 +14,18 @@ session blobs) moves the stored rows as they are.
 
 from __future__ import annotations
 
+import math
 import mmap
 
 import numpy as np
 
-from kernels import kv_types
-from kernels.host_buffers import host_copy
+from kernels import kv_types, page_moves
+from kernels.host_buffers import host_copy, host_empty
+
+# A (layer, head) run shorter than this past `keep` is copied by `take`, not moved: each
+# move is a system call and a mapping of its own (vm.max_map_count), worth it for runs
+# of many pages only (SmolLM2 in float32: 256 positions).
+MIN_MOVE_BYTES = 1 << 16
 
 
 class KVCache:
@@ -99,6 +105,43 @@ class KVCache:
             host_copy(self.k[:, slot, :, start:n]),
             host_copy(self.v[:, slot, :, start:n]),
         )
+
+    def take(self, slot: int, n: int, keep: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """What `save(slot, n)` returns, for a slot about to be overwritten: the whole pages
+        of positions `keep` .. n move into the copy instead of being copied
+        (page_moves.py), so afterwards those positions of the slot read as zeros. The
+        first `keep` positions stay (a prompt reusing them in place, a copy still to
+        read them). A plain copy where pages cannot move."""
+        n_layer, _, n_kv_head, n_ctx, row_items = self.k.shape
+        row = row_items * self.dtype.itemsize
+        keep = min(keep, n)
+        if not page_moves.available() or (n_ctx * row) % page_moves.PAGE:
+            return self.save(slot, n)
+        if (n - keep) * row < MIN_MOVE_BYTES:
+            return self.save(slot, n)
+        # Each (layer, head) run of the copy starts on a page, as the slot's runs do.
+        unit = page_moves.PAGE // math.gcd(row, page_moves.PAGE)  # positions per page run
+        n_pad = -(-n // unit) * unit
+        begin = -(-keep * row // page_moves.PAGE) * page_moves.PAGE
+        end = n * row // page_moves.PAGE * page_moves.PAGE
+        out = []
+        for stored in (self.k, self.v):
+            copy = host_empty((n_layer, n_kv_head, n_pad, row_items), self.dtype, True)
+            src_bytes = stored.view(np.uint8).reshape(n_layer, self.n_slots, n_kv_head, -1)
+            dst_bytes = copy.view(np.uint8).reshape(n_layer, n_kv_head, -1)
+            for layer in range(n_layer):
+                for head in range(n_kv_head):
+                    src, dst = src_bytes[layer, slot, head], dst_bytes[layer, head]
+                    moved = end > begin and page_moves.move(
+                        src.ctypes.data + begin, dst.ctypes.data + begin, end - begin
+                    )
+                    if moved:  # the partial pages at either end are copied
+                        dst[:begin] = src[:begin]
+                        dst[end : n * row] = src[end : n * row]
+                    else:
+                        dst[: n * row] = src[: n * row]
+            out.append(copy[:, :, :n])
+        return out[0], out[1]
 
     @property
     def layout(self) -> tuple[int, int, int]:

@@ -100,16 +100,18 @@ class Conversation:
         host_buffers.unkept(v)
         return k, v
 
-    def move_out(self) -> None:
+    def move_out(self, keep: int | None = None) -> None:
         """Copy the KV out of its slot into host memory, once (any thread). The engine
         thread calls it before it writes or releases the slot; the lock makes a reader's
-        copy finish first."""
+        copy finish first. `keep` (engine thread, the slot about to be overwritten past
+        its first `keep` positions, nothing else reading them): the slot's pages past
+        them move into the host copy instead of being copied (KVCache.take)."""
         if self._slot is None:
             return
         with self._lock:
             if self._slot is None:
                 return
-            self._k, self._v = self._copy_locked()
+            self._k, self._v = self._copy_locked(keep)
             self._kv, self._slot, self._tail = None, None, None
 
     def keep_prefix(self, n: int) -> None:
@@ -128,7 +130,9 @@ class Conversation:
                 k, v = np.concatenate((k, self._tail[0]), 2), np.concatenate((v, self._tail[1]), 2)
             self._tail, self._in_slot = (k, v), n
 
-    def _copy_locked(self) -> tuple[np.ndarray, np.ndarray]:
+    def _copy_locked(self, keep: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        if keep is not None and self._tail is None:
+            return self._kv.take(self._slot, self._in_slot, keep)
         k, v = self._kv.save(self._slot, self._in_slot)
         if self._tail is not None:
             k, v = np.concatenate((k, self._tail[0]), 2), np.concatenate((v, self._tail[1]), 2)

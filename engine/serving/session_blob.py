@@ -153,12 +153,21 @@ def _payload(name: str, arr: object, shape: tuple[int, ...], element: np.dtype) 
             f"snapshot.{name} has shape {arr.shape}; the layout and tokens need {shape} "
             "(n_layer, n_kv_head, n_tok, row)"
         )
-    # Little-endian and C-contiguous; a copy only when the array is not already both.
-    return np.ascontiguousarray(arr, dtype=element)
+    # Little-endian; a copy only when the array is not already that and C-contiguous per
+    # (layer, head) (a slot's KV moved out by its pages is padded after each: KVCache.take).
+    if arr.dtype != element or not all(
+        arr[i, j].flags.c_contiguous for i, j in np.ndindex(shape[:2])
+    ):
+        return np.ascontiguousarray(arr, dtype=element)
+    return arr
 
 
-def _raw_bytes(arr: np.ndarray) -> memoryview:
-    return memoryview(arr.reshape(-1).view(np.uint8))
+def _raw_bytes(arr: np.ndarray) -> list[memoryview]:
+    """The payload's bytes in order: one view of a C-contiguous array, else one per
+    (layer, head) run."""
+    if arr.flags.c_contiguous:
+        return [memoryview(arr.reshape(-1).view(np.uint8))]
+    return [memoryview(arr[i, j].reshape(-1).view(np.uint8)) for i, j in np.ndindex(arr.shape[:2])]
 
 
 def encode(snapshot: SessionSnapshot) -> bytes:
@@ -175,8 +184,8 @@ def encode_parts(snapshot: SessionSnapshot) -> list[bytes | memoryview]:
     fields of the wrong type or negative, no tokens or a token out of range, K/V not
     float32 or not of shape (n_layer, n_kv_head, len(tokens), head_dim).
 
-    Memory: K/V are copied only if they are not already C-contiguous little-endian
-    float32; the digest is computed over the parts in place.
+    Memory: K/V are copied only if they are not already little-endian and C-contiguous
+    per (layer, head) run; the digest is computed over the parts in place.
     """
     layout = snapshot.layout
     if not isinstance(layout, KVLayout):
@@ -240,8 +249,8 @@ def encode_parts(snapshot: SessionSnapshot) -> list[bytes | memoryview]:
     parts: list[bytes | memoryview] = [
         _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(header_bytes)),
         header_bytes,
-        _raw_bytes(k),
-        _raw_bytes(v),
+        *_raw_bytes(k),
+        *_raw_bytes(v),
     ]
     digest = hashlib.sha256()
     for part in parts:

@@ -223,13 +223,29 @@ class SlotContents:
         self._restores.clear()
         return slots
 
-    def let_go(self, slots, spare=None) -> None:
+    def let_go(self, slots, spare=None, still_read: dict[int, int] | None = None) -> None:
         """These slots are about to be written (admission chose them): the session
-        conversations still living there move to host memory first, but `spare`."""
+        conversations still living there move to host memory first, but `spare`.
+        `still_read`: slot -> how many of its first positions are read in place after
+        this; past them the slot is overwritten, so the last conversation to leave it
+        (the longest: the others hold a prefix of it) takes its pages rather than a copy
+        (Conversation.move_out), unless a spill of the slot still has to read them."""
         for slot in slots:
-            _let_go(self._kept.get(slot), spare)
-            _let_go(self._ended.get(slot), spare)
-            self._unpin(slot, spare)
+            held = [self._kept.get(slot), self._ended.get(slot)]
+            refs = [kept.parked for kept in held if kept is not None and kept.parked is not None]
+            living = {id(c): c for c in (ref() for ref in [*refs, *self._pinned.get(slot, ())])}
+            leaving = sorted(
+                (
+                    c
+                    for c in living.values()
+                    if c is not None and c is not spare and c.resident_slot == slot
+                ),
+                key=lambda conv: conv.in_slot,
+            )
+            keep = None if still_read is None or slot in self._spill_from else still_read.get(slot)
+            for i, conv in enumerate(leaving):
+                conv.move_out(keep if i == len(leaving) - 1 else None)
+            self._unpin(slot, spare)  # what is left: the bookkeeping
 
     def pin(self, slot: int, conv) -> None:
         """`conv`'s first positions live on in `slot`, which a turn continuing it now
@@ -385,12 +401,22 @@ class SlotContents:
         prefer() chose for it."""
         return self._copies.pop(slot, None)
 
+    def copies_from(self, slot: int) -> int:
+        """Positions of `slot` that copies chosen this admission, not yet made, still read
+        (0: none)."""
+        return max((n for src, n in self._copies.values() if src == slot), default=0)
+
     def reusable(self, slot: int, prompt: tuple[int, ...], namespace: str = "") -> int:
         """Positions of `prompt` that `slot`'s kept KV already holds for `namespace`."""
         kept = self._held(slot)
         if kept is None or kept.namespace != namespace or kept.gone:
             return 0
         return common_prefix(kept.tokens, prompt)
+
+    def held_tokens(self, slot: int) -> tuple[int, ...]:
+        """The tokens whose KV `slot` keeps (empty: none)."""
+        kept = self._held(slot)
+        return kept.tokens if kept is not None else ()
 
     def kept_positions(self, slot: int) -> int:
         """How many positions of `slot` the cache keeps (0: none, or the slot is in use)."""

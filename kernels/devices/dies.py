@@ -214,6 +214,10 @@ class SplitKV:
     def release(self, slot: int, keep: int = 0) -> int:
         return sum(self._each("release", slot, keep))
 
+    def take(self, slot: int, n: int, keep: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """`save`: pages of device memory cannot move to the host (kv_cache.KVCache.take)."""
+        return self.save(slot, n)
+
     def save(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(n_layer, Hkv, n, Dh) host copies of every part's layers, in layer order."""
         saved = self._each("save", slot, n)

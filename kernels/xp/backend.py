@@ -100,6 +100,10 @@ class XpKVCache:
         self.k[:, slot, :, :n] = self.xp.asarray(k[:, :, :n])
         self.v[:, slot, :, :n] = self.xp.asarray(v[:, :, :n])
 
+    def take(self, slot: int, n: int, keep: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """`save`: pages of device memory cannot move to the host (kv_cache.KVCache.take)."""
+        return self.save(slot, n)
+
     def save(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of `slot`'s positions 0 .. n as stored: (n_layer, Hkv, n, row) each."""
         k = self.xp.ascontiguousarray(self.k[:, slot, :, :n])

@@ -18,6 +18,7 @@ from engine.serving.session_key import SessionKey
 from engine.serving.slot_cache import SlotContents
 from engine.serving.slot_keeper import WRITE_MARGIN
 from engine.types import GenerationRequest, SamplingParams
+from kernels import page_moves
 from tests.support import generate_text
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -269,10 +270,13 @@ def test_a_reused_slot_gives_back_the_moved_out_pages_when_it_is_taken(svc):
     assert held == 0
 
 
-def test_a_taken_slot_keeps_the_pages_its_request_will_write(svc):
+def test_a_taken_slot_keeps_the_pages_its_request_will_write(svc, monkeypatch):
     """The hand-back spares what the new request may write itself (its prompt, its
     max_tokens and a draft's margin): those pages would fault straight back, each
-    (layer, head) run after a madvise of its own. Past them, pages still go back."""
+    (layer, head) run after a madvise of its own. Past them, pages still go back. (Where
+    the conversation is copied out, not moved by its pages: a device's KV cache, another
+    OS.)"""
+    monkeypatch.setattr(page_moves, "_broken", True)
     history = [{"role": "user", "content": "Keepers trimmed wicks and logged ships. " * 60}]
     run(svc, history, "lazy-reach")
     conv = parked(svc, "lazy-reach")
@@ -310,3 +314,28 @@ def test_a_taken_slot_keeps_the_pages_its_request_will_write(svc):
         t.join()
     assert stale > 0  # kept: the request writes there itself before it reads
     assert past == 0  # handed back
+
+
+@pytest.mark.skipif(not page_moves.available(), reason="pages cannot move on this OS")
+def test_a_conversation_displaced_from_its_slot_takes_its_pages_along(svc, monkeypatch):
+    """Admission overwrites the slot of a parked conversation: the conversation moves to
+    host memory by its pages (KVCache.take), not by a copy, and what it holds there is
+    what the slot held."""
+    history = [{"role": "user", "content": "Keepers trimmed wicks and logged ships. " * 60}]
+    run(svc, history, "lazy-take")
+    conv = parked(svc, "lazy-take")
+    slot, n = conv.resident_slot, conv.n_tok
+    before = svc.submit(_saved(svc, slot, n)).result(timeout=30)
+    moves = []
+    move = page_moves.move
+    monkeypatch.setattr(page_moves, "move", lambda *args: moves.append(args) or move(*args))
+    every_slot_busy(svc)
+    assert conv.resident_slot is None and moves
+    k, v = conv.arrays()
+    assert same_bits(k, before[0]) and same_bits(v, before[1])
+
+
+def _saved(svc, slot, n):
+    """A job for the engine thread: a copy of what `slot` holds."""
+    yield
+    return svc.kv.save(slot, n)

@@ -112,7 +112,9 @@ def test_a_shared_beginning_is_copied_rather_than_a_longer_conversation_overwrit
     contents.freed([0, 1], now=1.0)
     # Shares (1, 2) with slot 0, which holds more: the empty slot 2 gets a copy of them.
     assert contents.prefer((1, 2, 7), [0, 1, 2]) == 2
+    assert contents.copies_from(0) == 2  # slot 0's first 2 positions are still to be read
     assert contents.copy_source(2) == (0, 2)
+    assert contents.copies_from(0) == 0
     assert contents.copy_source(2) is None  # once
     # No empty slot: the least recently kept other one (1) takes the copy.
     assert contents.prefer((1, 2, 7), [0, 1]) == 1

@@ -474,3 +474,28 @@ def test_the_disk_writer_writes_a_blobs_parts_without_a_joined_copy(tmp_path):
         tracemalloc.stop()
     assert path.read_bytes() == encode(snap)
     assert peak < kv_bytes // 8, (peak, kv_bytes)  # joined, it was the whole blob
+
+
+def test_kv_padded_after_each_layer_and_head_is_written_as_it_is(tmp_path):
+    """A conversation moved out of its slot by its pages (KVCache.take) holds K and V as
+    views padded after each (layer, head) run: the blob is byte for byte the contiguous
+    one's, written from the runs without a copy."""
+    layout = replace(LAYOUT, n_layer=8, n_kv_head=4, head_dim=64)
+    snap = snapshot(layout, tokens=tuple(range(2000)))
+
+    def padded(arr):
+        room = np.zeros((*arr.shape[:2], arr.shape[2] + 48, arr.shape[3]), arr.dtype)
+        room[:, :, : arr.shape[2]] = arr
+        return room[:, :, : arr.shape[2]]
+
+    moved = replace(snap, k=padded(snap.k), v=padded(snap.v))
+    assert not moved.k.flags.c_contiguous
+    path = tmp_path / "moved.blob"
+    tracemalloc.start()
+    try:
+        write_atomic(path, encode_parts(moved))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert path.read_bytes() == encode(snap)
+    assert peak < (snap.k.nbytes + snap.v.nbytes) // 8, peak

@@ -1,0 +1,76 @@
+"""KVCache.take: a slot about to be overwritten spilled by moving its pages (page_moves)
+gives what a copy gives, keeps the positions asked for, touches no other slot, and falls
+back to a copy where pages cannot move."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import kv_cache, page_moves
+from kernels.kv_cache import KVCache
+
+
+def _filled(kv_dtype: str, n: int) -> KVCache:
+    kv = KVCache(3, 3, 2, 1024, 64, kv_dtype=kv_dtype)
+    rng = np.random.default_rng(7)
+    for slot in range(3):
+        for layer in range(3):
+            k = rng.standard_normal((2, n, 64)).astype(np.float32)
+            v = rng.standard_normal((2, n, 64)).astype(np.float32)
+            kv.write(layer, slot, 0, k, v)
+    return kv
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("keep", [0, 37, 300])
+def test_take_gives_what_save_gives_and_keeps_the_first_positions(kv_dtype, keep):
+    n = 900
+    kv = _filled(kv_dtype, n)
+    saved = kv.save(1, n)
+    neighbours = [kv.save(slot, n) for slot in (0, 2)]
+    k, v = kv.take(1, n, keep)
+    assert k.shape == saved[0].shape and v.shape == saved[1].shape
+    assert np.array_equal(k, saved[0]) and np.array_equal(v, saved[1])
+    assert np.array_equal(kv.k[:, 1, :, :keep], saved[0][:, :, :keep])
+    assert np.array_equal(kv.v[:, 1, :, :keep], saved[1][:, :, :keep])
+    for slot, before in zip((0, 2), neighbours, strict=True):
+        after = kv.save(slot, n)
+        assert np.array_equal(after[0], before[0]) and np.array_equal(after[1], before[1])
+    # The slot takes new rows as before; the copy is unaffected.
+    kv.write(
+        0, 1, keep, np.ones((2, n - keep, 64), np.float32), np.ones((2, n - keep, 64), np.float32)
+    )
+    assert np.array_equal(k, saved[0])
+
+
+@pytest.mark.skipif(not page_moves.available(), reason="pages cannot move on this OS")
+def test_the_pages_past_keep_really_moved():
+    """The moving path ran: whole pages past `keep` are gone from the slot (zeros), not
+    copied and left there."""
+    n, keep = 900, 100
+    kv = _filled("f32", n)
+    k, _ = kv.take(1, n, keep)
+    row = 64 * 4
+    first_whole = -(-keep * row // page_moves.PAGE) * page_moves.PAGE // row
+    assert first_whole < n - 1
+    assert not np.any(kv.k[:, 1, :, first_whole : n - 16])
+    assert np.any(k[:, :, first_whole : n - 16])
+
+
+def test_a_copy_where_pages_cannot_move(monkeypatch):
+    n = 900
+    kv = _filled("f32", n)
+    saved = kv.save(1, n)
+    monkeypatch.setattr(page_moves, "_broken", True)
+    k, v = kv.take(1, n, 0)
+    assert np.array_equal(k, saved[0]) and np.array_equal(v, saved[1])
+    assert np.array_equal(kv.k[:, 1, :, :n], saved[0])  # copied: the slot still holds it
+
+
+def test_a_short_run_is_copied_not_moved():
+    n = kv_cache.MIN_MOVE_BYTES // (64 * 4) - 1
+    kv = _filled("f32", n)
+    saved = kv.save(1, n)
+    k, _ = kv.take(1, n, 0)
+    assert np.array_equal(k, saved[0]) and np.array_equal(kv.k[:, 1, :, :n], saved[0])
