@@ -71,6 +71,25 @@ def test_plain_greedy_shortcut_is_the_full_paths_token(seed):
     assert sample_batch(samplers, rows) == _sample_rows(samplers, rows, [None] * len(rows))
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_with_banned_tokens_takes_the_shortcut_and_the_full_paths_token(seed):
+    """ignore_eos bans the end-of-turn tokens (a bias of -inf): still plain greedy, and the
+    shortcut's token is the full path's, a banned argmax (ties included) among them."""
+    rng = np.random.default_rng(seed)
+    rows = rng.choice([-1.0, 0.0, 1.0, 2.0], size=(6, 9)).astype(np.float32)
+    rows[1, rng.integers(9)] = np.inf
+    rows[2] = -np.inf
+    rows[2, 3] = 1.0  # only a banned token is finite
+    banned = ((3, -np.inf), (int(rng.integers(9)), -np.inf))
+    samplers = [Sampler(SamplingParams(temperature=0, logit_bias=banned)) for _ in rows]
+    assert all(s.plain_greedy for s in samplers)
+    picked = sample_batch(samplers, rows)
+    assert picked == _sample_rows(samplers, rows, [None] * len(rows))
+    assert picked[0].token_id not in {3, banned[1][0]}  # an ordinary row: never a banned one
+    # A finite bias still moves logits: the full path.
+    assert not Sampler(SamplingParams(temperature=0, logit_bias=((1, 5.0),))).plain_greedy
+
+
 def test_greedy_draws_nothing_from_the_rng():
     s = Sampler(SamplingParams(temperature=0, seed=1))
     before = s.rng.bit_generator.state
