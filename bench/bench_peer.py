@@ -26,7 +26,9 @@ the run says "llama-server not available: peer skipped" and measures ours alone.
 --peer-cmd replaces the tool (e.g. a llama-server binary elsewhere); --no-peer skips it.
 --backend sets PANTHEON_BACKEND for our server (its compute backend), --activations
 PANTHEON_ACTIVATIONS (float32, the default, or the opt-in bfloat16 decode products); the
-table's heading says what GET / reported for both.
+table's heading says what GET / reported for both. --kv-dtype f16 (or q8_0) loads our model
+again with that `kv_dtype` before the run (issue 32: "the same figures against
+llama-server's default (f16) cache"); the peer keeps its default cache either way.
 
 Each rep parks one session (the turn-2 figure) in one of our 8 slots for the idle TTL:
 keep --reps at 8 or fewer.
@@ -275,6 +277,19 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def reload_with_kv_dtype(url: str, model: Path, kv_dtype: str) -> str:
+    """Our model unloaded and loaded again with the `kv_dtype` load option (same slots and
+    window); the type /admin/models then reports."""
+    body = {"name": MODEL, "path": str(model), "kv_dtype": kv_dtype, "ctx_cap": TOTAL_CTX // SLOTS}
+    body.update(max_sessions=SLOTS, max_concurrent=SLOTS)
+    with httpx.Client(base_url=url, timeout=600) as client:
+        client.post("/admin/models/unload", json={"name": MODEL}).raise_for_status()
+        client.post("/admin/models/load", json=body).raise_for_status()
+        rows = client.get("/admin/models").json()
+    rows = rows.get("data", rows) if isinstance(rows, dict) else rows
+    return next(row["kv_dtype"] for row in rows if row.get("id") == MODEL)
+
+
 def measure(args, model: Path, data_dir: Path) -> dict:
     from tests.e2e.daphne_server import running_server
 
@@ -315,6 +330,9 @@ def measure(args, model: Path, data_dir: Path) -> dict:
             f"PANTHEON_PREFIX_CACHE={result['ours_prefix_cache']}",
             flush=True,
         )
+        if args.kv_dtype:
+            result["ours_kv_dtype"] = reload_with_kv_dtype(srv.url, model, args.kv_dtype)
+            print(f"ours: reloaded with kv_dtype {result['ours_kv_dtype']}", flush=True)
         ours_rss = stack.enter_context(RssSampler(srv.proc.pid, args.sample_s))
         servers = {"ours": srv.url}
         peer_rss = None
@@ -343,6 +361,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="perf.py repetitions (3; at most 8)")
     ap.add_argument("--backend", choices=["auto", "cpu", "numpy"], help="PANTHEON_BACKEND")
     ap.add_argument("--activations", choices=["float32", "bfloat16"], help="PANTHEON_ACTIVATIONS")
+    ap.add_argument("--kv-dtype", choices=["f32", "f16", "q8_0"], help="our model's kv_dtype (f32)")
     ap.add_argument("--peer-cmd", help="the command that runs llama-server (default: the tool)")
     ap.add_argument("--build-peer", action="store_true", help="let the tool build the peer")
     ap.add_argument("--no-peer", action="store_true", help="measure ours alone")
@@ -368,7 +387,8 @@ def main() -> None:
     print(
         f"SmolLM2 {model.name}, {args.threads} threads each, {SLOTS} slots, {TOTAL_CTX} tokens "
         f"in all, {args.reps} rep(s), ours on backend {result['ours_backend_reported']}"
-        f" ({result.get('ours_kernel_activations') or 'no compiled'} activations)"
+        f" ({result.get('ours_kernel_activations') or 'no compiled'} activations, "
+        f"{result.get('ours_kv_dtype', 'f32')} KV; the peer's KV f16)"
     )
     print(table(result))
     if result["peer_skipped"]:
