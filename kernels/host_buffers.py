@@ -32,6 +32,8 @@ import weakref
 
 import numpy as np
 
+from kernels import page_moves
+
 _OWN_MAP_BYTES = 1 << 18  # below this numpy's allocator serves (glibc's heap: threads.py)
 _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
 FREE_MAX_BYTES = 1 << 30  # what the free list may hold between trims
@@ -42,6 +44,7 @@ _SLACK = 4  # a free map serves a request of at least 1 / (1 + 1/_SLACK) of its 
 _lock = threading.RLock()
 _free: list[mmap.mmap] = []
 _unkept: set[int] = set()  # id() of live maps to close, not file, when their array dies
+_moves: dict[int, int] = {}  # id() of maps -> page moves into them (page_moves' budget)
 
 
 def host_empty(shape: tuple[int, ...], dtype, pages_moved_in: bool = False) -> np.ndarray:
@@ -76,13 +79,27 @@ def unkept(array: np.ndarray) -> None:
     view is gone, not onto the free list: a copy made for a while (a session blob being
     written, conversation.py) is nobody's next array, and on the free list it stayed
     resident until the idle trim (84 MB per 1.9k-token SmolLM2 conversation written)."""
+    buffer = _map_of(array)
+    if buffer is not None:
+        with _lock:
+            _unkept.add(id(buffer))
+
+
+def note_moves(array: np.ndarray, n_moves: int) -> None:
+    """`n_moves` page moves landed in the map under `array` (page_moves.py): counted
+    against page_moves' mappings budget until the map is unmapped."""
+    buffer = _map_of(array)
+    if buffer is not None and n_moves:
+        with _lock:
+            _moves[id(buffer)] = _moves.get(id(buffer), 0) + n_moves
+
+
+def _map_of(array: np.ndarray) -> mmap.mmap | None:
     base = array
     while isinstance(base, np.ndarray):
         base = base.base
     buffer = base.obj if isinstance(base, memoryview) else base
-    if isinstance(buffer, mmap.mmap):
-        with _lock:
-            _unkept.add(id(buffer))
+    return buffer if isinstance(buffer, mmap.mmap) else None
 
 
 def free_bytes() -> int:
@@ -146,4 +163,7 @@ def _close(buffer: mmap.mmap) -> int:
         buffer.close()
     except BufferError:  # still exported (cannot happen after the view died): left to GC
         return 0
+    with _lock:
+        moved = _moves.pop(id(buffer), 0)
+    page_moves.released(moved)
     return n

@@ -20,7 +20,7 @@ import mmap
 import numpy as np
 
 from kernels import kv_types, page_moves
-from kernels.host_buffers import host_copy, host_empty
+from kernels.host_buffers import host_copy, host_empty, note_moves
 
 # A (layer, head) run shorter than this past `keep` is copied by `take`, not moved: each
 # move is a system call and a mapping of its own (vm.max_map_count), worth it for runs
@@ -117,7 +117,7 @@ class KVCache:
         keep = min(keep, n)
         if not page_moves.available() or (n_ctx * row) % page_moves.PAGE:
             return self.save(slot, n)
-        if (n - keep) * row < MIN_MOVE_BYTES:
+        if (n - keep) * row < MIN_MOVE_BYTES or not page_moves.room(2 * n_layer * n_kv_head):
             return self.save(slot, n)
         # Each (layer, head) run of the copy starts on a page, as the slot's runs do.
         unit = page_moves.PAGE // math.gcd(row, page_moves.PAGE)  # positions per page run
@@ -129,6 +129,7 @@ class KVCache:
             copy = host_empty((n_layer, n_kv_head, n_pad, row_items), self.dtype, True)
             src_bytes = stored.view(np.uint8).reshape(n_layer, self.n_slots, n_kv_head, -1)
             dst_bytes = copy.view(np.uint8).reshape(n_layer, n_kv_head, -1)
+            moves = 0
             for layer in range(n_layer):
                 for head in range(n_kv_head):
                     src, dst = src_bytes[layer, slot, head], dst_bytes[layer, head]
@@ -136,10 +137,12 @@ class KVCache:
                         src.ctypes.data + begin, dst.ctypes.data + begin, end - begin
                     )
                     if moved:  # the partial pages at either end are copied
+                        moves += 1
                         dst[:begin] = src[:begin]
                         dst[end : n * row] = src[end : n * row]
                     else:
                         dst[: n * row] = src[: n * row]
+            note_moves(copy, moves)
             out.append(copy[:, :, :n])
         return out[0], out[1]
 

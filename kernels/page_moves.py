@@ -7,8 +7,15 @@ admission is about to overwrite is spilled to host memory that way (`KVCache.tak
 3,000-token SmolLM2 slot, 150 MB, moved in ~3 ms where a copy took 65-85 ms of one
 admission step while eight streams waited (bench/RESULTS.md, 2026-12-04 sixth session).
 
-Anything this cannot do (another OS, an old kernel, a range that is not whole pages)
-reports False and the caller copies instead.
+Anything this cannot do (another OS, an old kernel, a range that is not whole pages, the
+budget below spent) reports False and the caller copies instead.
+
+Each moved range is a mapping of its own in the destination until that is unmapped, and a
+process has at most vm.max_map_count of them (65,530 by default; past it every mmap fails,
+numpy's included): a session's conversation moved out of a 48-layer, 8-KV-head model's slot
+is 768 ranges, and a server may hold many. So moves are counted (two mappings each: the
+range and what it splits off) until host_buffers unmaps their destination (`released`),
+and refused past a quarter of the limit.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import ctypes
 import ctypes.util
 import mmap
 import sys
+import threading
 
 PAGE = mmap.PAGESIZE
 _MREMAP_MAYMOVE, _MREMAP_FIXED, _MREMAP_DONTUNMAP = 1, 2, 4
@@ -53,8 +61,33 @@ if _mremap is not None:
 _broken = _mremap is None
 
 
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+BUDGET = _map_limit() // 4  # mappings that moves may hold at once
+_held = 0
+_lock = threading.Lock()
+
+
 def available() -> bool:
     return not _broken
+
+
+def room(n_moves: int) -> bool:
+    """Whether `n_moves` more moves fit the mappings budget now."""
+    return not _broken and _held + 2 * n_moves <= BUDGET
+
+
+def released(n_moves: int) -> None:
+    """The destination of `n_moves` moves was unmapped (host_buffers)."""
+    global _held
+    with _lock:
+        _held = max(0, _held - 2 * n_moves)
 
 
 def move(src: int, dst: int, n_bytes: int) -> bool:
@@ -65,7 +98,12 @@ def move(src: int, dst: int, n_bytes: int) -> bool:
     if _broken or n_bytes <= 0 or (src | dst | n_bytes) % PAGE:
         return False
     flags = _MREMAP_MAYMOVE | _MREMAP_FIXED | _MREMAP_DONTUNMAP
+    global _held
+    if _held + 2 > BUDGET:
+        return False
     if _mremap(src, n_bytes, n_bytes, flags, dst) not in (None, _MAP_FAILED):
+        with _lock:
+            _held += 2
         return True
     _broken = True  # EINVAL on a kernel without DONTUNMAP: do not ask again
     # A failed MREMAP_FIXED may already have unmapped dst: map fresh pages there again so

@@ -7,8 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import kv_cache, page_moves
+from kernels import host_buffers, kv_cache, page_moves
 from kernels.kv_cache import KVCache
+
+
+@pytest.fixture(autouse=True)
+def _no_free_maps_left():
+    yield
+    host_buffers.trim()  # the copies' maps go back to the OS, not to the next test
 
 
 def _filled(kv_dtype: str, n: int) -> KVCache:
@@ -73,4 +79,27 @@ def test_a_short_run_is_copied_not_moved():
     kv = _filled("f32", n)
     saved = kv.save(1, n)
     k, _ = kv.take(1, n, 0)
+    assert np.array_equal(k, saved[0]) and np.array_equal(kv.k[:, 1, :, :n], saved[0])
+
+
+@pytest.mark.skipif(not page_moves.available(), reason="pages cannot move on this OS")
+def test_moves_are_counted_until_their_copy_is_unmapped_and_refused_past_the_budget(monkeypatch):
+    """Each moved run is a mapping of its own (vm.max_map_count): counted while its copy
+    lives, handed back when the map is unmapped, and past the budget take copies."""
+    n = 900
+    kv = _filled("f32", n)
+    saved = kv.save(1, n)
+    host_buffers.trim()  # no free map for take's fresh ones to send back meanwhile
+    held = page_moves._held
+    k, v = kv.take(1, n, 0)
+    runs = 2 * 3 * 2  # K and V, 3 layers, 2 heads
+    assert page_moves._held == held + 2 * runs
+    del k, v
+    host_buffers.trim()  # the maps left the free list: unmapped
+    assert page_moves._held == held
+
+    kv = _filled("f32", n)
+    monkeypatch.setattr(page_moves, "BUDGET", page_moves._held + 2 * runs - 1)
+    k, v = kv.take(1, n, 0)
+    assert page_moves._held == held  # nothing moved: copied
     assert np.array_equal(k, saved[0]) and np.array_equal(kv.k[:, 1, :, :n], saved[0])
