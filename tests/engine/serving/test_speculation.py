@@ -136,7 +136,9 @@ def test_drafts_are_accepted_when_the_answer_copies_the_prompt(svc):
     same(off, auto)
     drafted = svc.stats.drafted_tokens - before[0]
     accepted = svc.stats.accepted_draft_tokens - before[1]
-    assert accepted >= 20, (drafted, accepted)  # the copy was mostly verified, not decoded
+    # The copy was mostly verified, not decoded. (Drafts are cut to what the measured pass
+    # costs pay for: on a host loaded ~30x over its cores a full run drafted 18, 16 taken.)
+    assert accepted >= 12 and accepted >= 0.6 * drafted, (drafted, accepted)
     predicted = run(svc, replace(CASES["repeat-greedy"], prediction=off[2]))
     same(off, predicted)
     usage = predicted[3].usage
