@@ -466,14 +466,19 @@ def test_the_disk_writer_writes_a_blobs_parts_without_a_joined_copy(tmp_path):
     snap = snapshot(layout, tokens=tuple(range(2000)))  # K and V: 16 MB each
     kv_bytes = snap.k.nbytes + snap.v.nbytes
     path = tmp_path / "one.blob"
+    peak = _peak_writing(path, snap)
+    assert path.read_bytes() == encode(snap)
+    assert peak < kv_bytes // 8, (peak, kv_bytes)  # joined, it was the whole blob
+
+
+def _peak_writing(path, snap) -> int:
+    """write_atomic of snap's parts to path: the peak of Python's allocations meanwhile."""
     tracemalloc.start()
     try:
         write_atomic(path, encode_parts(snap))
-        _, peak = tracemalloc.get_traced_memory()
+        return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert path.read_bytes() == encode(snap)
-    assert peak < kv_bytes // 8, (peak, kv_bytes)  # joined, it was the whole blob
 
 
 def test_kv_padded_after_each_layer_and_head_is_written_as_it_is(tmp_path):
@@ -491,11 +496,6 @@ def test_kv_padded_after_each_layer_and_head_is_written_as_it_is(tmp_path):
     moved = replace(snap, k=padded(snap.k), v=padded(snap.v))
     assert not moved.k.flags.c_contiguous
     path = tmp_path / "moved.blob"
-    tracemalloc.start()
-    try:
-        write_atomic(path, encode_parts(moved))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = _peak_writing(path, moved)
     assert path.read_bytes() == encode(snap)
     assert peak < (snap.k.nbytes + snap.v.nbytes) // 8, peak
