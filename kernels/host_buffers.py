@@ -50,12 +50,13 @@ _moves: dict[int, int] = {}  # id() of maps -> page moves into them (page_moves'
 def host_empty(shape: tuple[int, ...], dtype, pages_moved_in: bool = False) -> np.ndarray:
     """An uninitialised C-contiguous array; from 256 KB on a map of its own (a free one
     of about the size when there is one). `pages_moved_in`: most of it will be pages
-    moved in from elsewhere (page_moves.py), so always a fresh map whose pages are not
+    moved in from elsewhere (page_moves.py), so always a fresh map of its own, whatever
+    its size (never malloc's heap, whose pages a move would replace), its pages not
     faulted in first (they would be zeroed only to be replaced)."""
     dtype = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
     n_bytes = count * dtype.itemsize
-    if n_bytes < _OWN_MAP_BYTES:
+    if n_bytes < _OWN_MAP_BYTES and not pages_moved_in:
         return np.empty(shape, dtype)
     buffer = None if pages_moved_in else _take(n_bytes)
     if buffer is None:

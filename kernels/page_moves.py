@@ -94,13 +94,10 @@ def move(src: int, dst: int, n_bytes: int) -> bool:
     """Move the pages of [src, src + n_bytes) to [dst, dst + n_bytes) (addresses and
     length page-aligned, both ranges private anonymous memory of this process); whatever
     dst held is replaced, src is left mapped and empty. False: nothing moved, copy."""
-    global _broken
-    if _broken or n_bytes <= 0 or (src | dst | n_bytes) % PAGE:
+    global _broken, _held
+    if _broken or n_bytes <= 0 or (src | dst | n_bytes) % PAGE or _held + 2 > BUDGET:
         return False
     flags = _MREMAP_MAYMOVE | _MREMAP_FIXED | _MREMAP_DONTUNMAP
-    global _held
-    if _held + 2 > BUDGET:
-        return False
     if _mremap(src, n_bytes, n_bytes, flags, dst) not in (None, _MAP_FAILED):
         with _lock:
             _held += 2

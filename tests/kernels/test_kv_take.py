@@ -103,3 +103,14 @@ def test_moves_are_counted_until_their_copy_is_unmapped_and_refused_past_the_bud
     k, v = kv.take(1, n, 0)
     assert page_moves._held == held  # nothing moved: copied
     assert np.array_equal(k, saved[0]) and np.array_equal(kv.k[:, 1, :, :n], saved[0])
+
+
+def test_a_small_copy_still_gets_a_map_of_its_own():
+    """One layer and head: the copy is under host_empty's 256 KB floor, where arrays come
+    from malloc's heap; pages moved there would replace the heap's. It gets a map."""
+    kv = KVCache(1, 2, 1, 1024, 64)
+    n = 600  # 150 KB a run: moved
+    kv.write(0, 1, 0, np.ones((1, n, 64), np.float32), np.full((1, n, 64), 2.0, np.float32))
+    k, v = kv.take(1, n, 0)
+    assert host_buffers._map_of(k) is not None and host_buffers._map_of(v) is not None
+    assert (k == 1.0).all() and (v == 2.0).all()
