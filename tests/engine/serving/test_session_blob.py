@@ -499,3 +499,24 @@ def test_kv_padded_after_each_layer_and_head_is_written_as_it_is(tmp_path):
     peak = _peak_writing(path, moved)
     assert path.read_bytes() == encode(snap)
     assert peak < (snap.k.nbytes + snap.v.nbytes) // 8, peak
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "q8_0"])
+def test_a_conversation_taken_from_its_slot_writes_the_blob_a_copy_writes(kv_dtype):
+    """KVCache.take's arrays (pages moved, each run padded) of every KV type: the blob is
+    byte for byte the one of `save`'s copy, and reads back as the slot held it."""
+    from kernels.kv_cache import KVCache
+
+    kv = KVCache(3, 2, 2, 4096, 64, kv_dtype=kv_dtype)
+    n, rng = 2000, np.random.default_rng(1)
+    for layer in range(3):
+        rows = rng.standard_normal((2, 2, n, 64)).astype(np.float32)
+        kv.write(layer, 1, 0, rows[0], rows[1])
+    saved = kv.save(1, n)
+    k, v = kv.take(1, n, 0)
+    layout = replace(LAYOUT, n_layer=3, n_kv_head=2, head_dim=64, kv_dtype=kv_dtype)
+    taken = replace(snapshot(layout, tokens=tuple(range(n))), k=k, v=v)
+    blob = encode(taken)
+    assert blob == encode(replace(taken, k=saved[0], v=saved[1]))
+    back = decode(blob, layout)
+    assert np.array_equal(back.k, saved[0]) and np.array_equal(back.v, saved[1])
