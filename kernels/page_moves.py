@@ -57,8 +57,27 @@ if _mremap is not None:
         ctypes.c_int,
         ctypes.c_long,
     ]
-# Set once a move fails (a kernel before 5.7 has no MREMAP_DONTUNMAP): copies from then on.
-_broken = _mremap is None
+
+
+def _works() -> bool:
+    """One page moved between two scratch maps: a kernel before 5.7 (no
+    MREMAP_DONTUNMAP) or a sandbox that refuses mremap says no here, once."""
+    private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    src, dst = mmap.mmap(-1, PAGE, flags=private), mmap.mmap(-1, PAGE, flags=private)
+    src[:4] = b"page"
+    views = [ctypes.c_char.from_buffer(m) for m in (src, dst)]
+    a, b = (ctypes.addressof(view) for view in views)
+    flags = _MREMAP_MAYMOVE | _MREMAP_FIXED | _MREMAP_DONTUNMAP
+    moved = _mremap(a, PAGE, PAGE, flags, b) not in (None, _MAP_FAILED)
+    works = moved and dst[:4] == b"page" and src[:4] == bytes(4)
+    del views  # the exports end before the maps close
+    src.close()
+    dst.close()
+    return works
+
+
+# Set when moving cannot work here, or once a move fails: copies from then on.
+_broken = _mremap is None or not _works()
 
 
 def _map_limit() -> int:
