@@ -115,9 +115,11 @@ class KVCache:
         n_layer, _, n_kv_head, n_ctx, row_items = self.k.shape
         row = row_items * self.dtype.itemsize
         keep = min(keep, n)
-        if not page_moves.available() or (n_ctx * row) % page_moves.PAGE:
-            return self.save(slot, n)
-        if (n - keep) * row < MIN_MOVE_BYTES or not page_moves.room(2 * n_layer * n_kv_head):
+        if (
+            (n_ctx * row) % page_moves.PAGE
+            or (n - keep) * row < MIN_MOVE_BYTES
+            or not page_moves.room(2 * n_layer * n_kv_head)  # False where pages cannot move
+        ):
             return self.save(slot, n)
         # Each (layer, head) run of the copy starts on a page, as the slot's runs do.
         unit = page_moves.PAGE // math.gcd(row, page_moves.PAGE)  # positions per page run
@@ -126,7 +128,9 @@ class KVCache:
         end = n * row // page_moves.PAGE * page_moves.PAGE
         out = []
         for stored in (self.k, self.v):
-            copy = host_empty((n_layer, n_kv_head, n_pad, row_items), self.dtype, True)
+            copy = host_empty(
+                (n_layer, n_kv_head, n_pad, row_items), self.dtype, pages_moved_in=True
+            )
             src_bytes = stored.view(np.uint8).reshape(n_layer, self.n_slots, n_kv_head, -1)
             dst_bytes = copy.view(np.uint8).reshape(n_layer, n_kv_head, -1)
             moves = 0

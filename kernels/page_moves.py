@@ -32,24 +32,24 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_FIXED = 0x10
 
 
-def _load_mremap():
+def _load_libc():
+    """(mremap, mmap) from the C library, typed; (None, None) off Linux."""
     if not sys.platform.startswith("linux"):
-        return None
+        return None, None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.mremap
+        remap, map_ = libc.mremap, libc.mmap
     except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    return fn
-
-
-_mremap, _mmap = _load_mremap(), None
-if _mremap is not None:
-    _mmap = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).mmap
-    _mmap.restype = ctypes.c_void_p
-    _mmap.argtypes = [
+        return None, None
+    remap.restype = map_.restype = ctypes.c_void_p
+    remap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    map_.argtypes = [
         ctypes.c_void_p,
         ctypes.c_size_t,
         ctypes.c_int,
@@ -57,6 +57,10 @@ if _mremap is not None:
         ctypes.c_int,
         ctypes.c_long,
     ]
+    return remap, map_
+
+
+_mremap, _mmap = _load_libc()
 
 
 def _works() -> bool:
@@ -121,7 +125,7 @@ def move(src: int, dst: int, n_bytes: int) -> bool:
         with _lock:
             _held += 2
         return True
-    _broken = True  # EINVAL on a kernel without DONTUNMAP: do not ask again
+    _broken = True  # the probe passed, yet this failed (ENOMEM, say): do not ask again
     # A failed MREMAP_FIXED may already have unmapped dst: map fresh pages there again so
     # that the caller's copy has somewhere to go.
     prot = mmap.PROT_READ | mmap.PROT_WRITE
