@@ -108,6 +108,16 @@ class Backend(ABC):
         """x (B, K) @ w.T -> (B, N), batch invariant: row b is the same bits whatever else
         is in x (decode)."""
 
+    def argmax_logits(
+        self, x: Array, w: Weight, argmax: Sequence[frozenset | None]
+    ) -> Array | None:
+        """`linear`, where row b wants only its argmax among the ids not in argmax[b] (None:
+        the whole row): a backend that can skip the rest returns (B, N) holding linear's
+        own value for every id that could be such a row's largest allowed one and -inf
+        elsewhere (the argmax and its ties are the full row's). None: no such path here
+        (the caller runs `linear`)."""
+        return None
+
     @abstractmethod
     def linear_prefill(self, x: Array, w: Weight) -> Array:
         """x (T, K) @ w.T -> (T, N) for one sequence's prompt chunk (any kernel)."""

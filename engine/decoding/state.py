@@ -44,6 +44,17 @@ class DecodeState:
         if self.constraint is None and self._make_constraint is not None:
             self.constraint = self._make_constraint()
 
+    @property
+    def argmax_bans(self) -> frozenset[int] | None:
+        """The ids banned from this sequence's next token when that token is its logits'
+        argmax among the rest (plain greedy, no grammar): the decode pass may then skip
+        every logit that cannot be the largest (DecoderModel.forward_decode's `argmax`).
+        None: the token reads more of the row (a draw, penalties, logprobs, a mask)."""
+        sampler = self.sampler
+        if sampler.plain_greedy and self._make_constraint is None:
+            return sampler.banned
+        return None
+
     def force(self, token_ids) -> None:
         self.forced.extend(token_ids)
 

@@ -258,18 +258,23 @@ class DecoderModel:
         slots: Sequence[int],
         kv,
         keep_on_device: bool = False,
+        argmax: Sequence[frozenset | None] | None = None,
     ) -> np.ndarray:
         """One decode step for B sequences in one pass: token b at positions[b] on slot
         slots[b]. Returns logits (B, V): on the host, or with keep_on_device as the
         backend's array (on a GPU they stay there: the sampler runs there too,
         decoding/device_sampling.py, and only the chosen tokens come back).
 
+        `argmax[b]`, where not None, says row b wants only its argmax among the ids not in
+        that set (greedy: DecodeState.argmax_bans): its row may then hold the exact logit
+        of every id that could be that argmax and -inf elsewhere (Backend.argmax_logits).
+
         Batch invariant: row b's logits are the same bits whatever else is in the batch
         (the backend's `linear` and `attention_decode` promise it per row; everything else
         is elementwise or reduces along a row)."""
         pos = np.asarray(positions, dtype=np.int64)
         self.check_positions(pos, kv)
-        return self.decode_rows(tokens, pos, slots, kv, keep_on_device)
+        return self.decode_rows(tokens, pos, slots, kv, keep_on_device, argmax)
 
     def check_positions(self, positions: np.ndarray, kv) -> None:
         """A decode step's positions fit the KV window and the RoPE table."""
@@ -277,7 +282,7 @@ class DecoderModel:
         if top >= kv.n_ctx or top >= len(self.rope_tables[0]):
             raise ValueError(f"position {top} exceeds the KV window {kv.n_ctx}")
 
-    def decode_rows(self, tokens, positions, slots, kv, keep_on_device: bool = False):
+    def decode_rows(self, tokens, positions, slots, kv, keep_on_device=False, argmax=None):
         """forward_decode past its checks, its inputs passed on as given: host arrays, or
         the backend's own arrays (a captured CUDA graph's input buffers: nothing here
         reads them on the host, so the step can be captured; kernels/cuda/graphs.py).
@@ -288,7 +293,7 @@ class DecoderModel:
             x = self._layers(x, step)
         else:
             x = self.decode_stack(x, slots, positions, kv)
-        return self._logits(x, step, keep_on_device)
+        return self._logits(x, step, keep_on_device, argmax)
 
     # ---- the shared block ----
 
@@ -362,16 +367,27 @@ class DecoderModel:
         x[..., :rot] = self.backend.rope(x[..., :rot], step.positions, table, self.spec.neox_rope)
         return x
 
-    def _logits(self, x, step, keep_on_device: bool = False) -> np.ndarray:
+    def _logits(self, x, step, keep_on_device: bool = False, argmax=None) -> np.ndarray:
         be = self.backend
         if not self.heads:  # a stage before the last: its hidden states go on
             return x
-        logits = step.linear(be.rms_norm(x, self.output_norm, self.hp.eps), self.output)  # (n, V)
+        h = be.rms_norm(x, self.output_norm, self.hp.eps)
+        logits = self._argmax_logits(h, argmax)
+        if logits is None:
+            logits = step.linear(h, self.output)  # (n, V)
         if self.spec.logit_divisor > 0:
             logits = logits / be.dtype.type(self.spec.logit_divisor)
         if self.spec.final_softcap > 0:
             logits = be.softcap(logits, self.spec.final_softcap)
         return logits if keep_on_device else be.to_host(logits)
+
+    def _argmax_logits(self, h, argmax):
+        """The backend's argmax path for the rows `argmax` marks (Backend.argmax_logits);
+        None where it has none. Not under a logit divisor or soft-cap: rounding there can
+        tie two ids the raw logits order, and a tie goes to the lower id."""
+        if not argmax or self.spec.logit_divisor > 0 or self.spec.final_softcap > 0:
+            return None
+        return self.backend.argmax_logits(h, self.output, argmax)
 
 
 def load_decoder(

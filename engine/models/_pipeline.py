@@ -169,6 +169,7 @@ class PipelineModel:
         slots: Sequence[int],
         kv,
         keep_on_device: bool = False,
+        argmax=None,  # full logits answer it too (DecoderModel.forward_decode)
     ) -> np.ndarray:
         pos = np.asarray(positions, dtype=np.int64)
         self.stages[0].model.check_positions(pos, kv)

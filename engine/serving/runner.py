@@ -80,7 +80,7 @@ class Runner:
         if rows:
             drafts = {s: d for s, d in (drafts or {}).items() if s in states}
             extra = verify_rows(batch.decode, drafts)
-            logits = self._decode((*rows, *extra))
+            logits = self._decode((*rows, *extra), states)
             live = [i for i, row in enumerate(rows) if row.seq_id in states]
             if live:
                 # All rows live (the usual step): the logits as they are, not a copy (a
@@ -115,15 +115,19 @@ class Runner:
                 tokens = np.asarray(chunk.token_ids, dtype=np.int64)
                 yield chunk, self.model.forward(tokens, chunk.start, self.kv, chunk.slot)
 
-    def _decode(self, rows) -> np.ndarray:
+    def _decode(self, rows, states: Mapping[int, DecodeState]) -> np.ndarray:
         """Logits (B, V) of one decode step: all rows in one batched pass, left where the
-        backend computed them (a GPU's: sampled there)."""
+        backend computed them (a GPU's: sampled there). A greedy row's may hold only what
+        its argmax needs (DecodeState.argmax_bans); a cancelled sequence's row is read by
+        nobody, so it asks for the least."""
+        argmax = [states[r.seq_id].argmax_bans if r.seq_id in states else frozenset() for r in rows]
         return self.model.forward_decode(
             [r.token_id for r in rows],
             [r.position for r in rows],
             [r.slot for r in rows],
             self.kv,
             keep_on_device=True,
+            argmax=argmax,
         )
 
     def _accept(self, drafts, first_row, states, sampled, logits) -> dict[int, Verified]:

@@ -173,6 +173,17 @@ static PyMethodDef methods[] = {
      "many rows of x (a prompt chunk): tiles of w's rows dequantised into a cache-sized\n"
      "buffer, then a blocked kernel over every row of x. Within float32 rounding of\n"
      "linear's; the bits do not depend on the thread count, the other rows or (B > 4) B."},
+    {"greedy_fast", py_greedy_fast, METH_NOARGS,
+     "greedy_fast() -> whether greedy_logits screens with int8 dot products here (AVX-512\n"
+     "VNNI); elsewhere it is exact but no faster than linear."},
+    {"greedy_prep", py_greedy_prep, METH_VARARGS,
+     "greedy_prep(w, norms, sums): what greedy_logits needs of a Q8_0 matrix (N, K), once:\n"
+     "norms (N,) float32 ||W[r]||_2 rounded up, sums (N, K / 32) int16 each block's quants."},
+    {"greedy_logits", py_greedy_logits, METH_VARARGS,
+     "greedy_logits(w, norms, sums, x, ban_off, ban_ids, out, candidates): linear's Q8_0 product\n"
+     "for rows that want only their argmax: out[b] holds linear's exact value for every\n"
+     "token that could be row b's largest one not in ban_ids[ban_off[b]:ban_off[b + 1]],\n"
+     "-inf elsewhere (kernels/cpu/greedy.h); candidates[b]: how many were computed."},
     {"dequantize", (PyCFunction)(void (*)(void))py_dequantize, METH_VARARGS | METH_KEYWORDS,
      "dequantize(qtype, w, out): w (R, row_bytes) -> out (R, K) float32, bitwise as gguf."},
     {"attention_prefill", (PyCFunction)(void (*)(void))py_attention_prefill,

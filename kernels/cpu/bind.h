@@ -177,5 +177,8 @@ PyObject *py_decode_plan(PyObject *self, PyObject *args);
 PyObject *py_decode_layers(PyObject *self, PyObject *args);
 PyObject *py_moe_ffn(PyObject *self, PyObject *args);
 PyObject *py_spm_pairs(PyObject *self, PyObject *args);
+PyObject *py_greedy_fast(PyObject *self, PyObject *noargs);
+PyObject *py_greedy_prep(PyObject *self, PyObject *args);
+PyObject *py_greedy_logits(PyObject *self, PyObject *args);
 
 #endif

@@ -270,7 +270,7 @@ def test_a_qwen2_service_shares_decode_passes_and_answers_as_alone():
     svc = ModelService.load(ModelConfig(name="qwen", path=str(path), max_concurrent=4))
     rows: list[int] = []
     decode = svc.runner._decode
-    svc.runner._decode = lambda batch: rows.append(len(batch)) or decode(batch)
+    svc.runner._decode = lambda batch, states: rows.append(len(batch)) or decode(batch, states)
     params = SamplingParams(temperature=1.0, seed=5, max_tokens=8)
     prompts = [[1, 2, 3, 4 + i] for i in range(4)]
 
