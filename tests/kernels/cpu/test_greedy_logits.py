@@ -9,20 +9,12 @@ the screen cannot decide, and on the shipped model's own output matrix and hidde
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from gguf import quants
 from gguf.constants import GGMLQuantizationType
 
-try:
-    from kernels import _cpu
-except ImportError as exc:  # pragma: no cover - depends on the build
-    _reason = f"kernels._cpu does not import ({exc}); build it with `make cpu-kernels`"
-    if os.environ.get("PANTHEON_TESTS_STRICT") == "1":
-        pytest.fail(_reason, pytrace=False)
-    pytest.skip(_reason, allow_module_level=True)
+from tests.kernels.cpu.test_cpu_kernels import _cpu  # skips where it is not built
 
 Q8_0 = int(GGMLQuantizationType.Q8_0)
 
