@@ -383,7 +383,7 @@ int cpu_greedy_logits(int isa, int nthreads, const uint8_t *w, size_t row_bytes,
         return -1;
     }
     const int64_t nt = nthreads > 0 ? nthreads : 1;
-    int64_t chunk = (N + nt * 8 - 1) / (nt * 8);
+    int64_t chunk = (N + nt * 2 - 1) / (nt * 2); /* 2 chunks a thread, as linear_run */
     chunk = (chunk + RT - 1) / RT * RT;
     for (int64_t g0 = 0; g0 < B; g0 += XB) { /* 8 x rows (the screen's lanes) at a time */
         const int64_t gb = B - g0 < XB ? B - g0 : XB;

@@ -215,13 +215,15 @@ def test_a_request_waiting_past_the_queue_timeout_is_refused_as_busy(smollm2_ser
     ids = svc.encode_chat([{"role": "user", "content": "Count to twenty."}])
 
     async def scenario():
-        # Drafting off: counting is what speculation speeds up most, and the slot must
-        # stay taken past the timeout.
+        # The slot must stay taken past the timeout, however fast the host decodes: a
+        # long story with no end of turn and no drafting (a count ended in 0.44 s, as a
+        # repetition loop, once decode ran at ~4.5 ms a token).
+        story = svc.encode_chat([{"role": "user", "content": "Write a long story about a ship."}])
         running = svc.generate(
             GenerationRequest(
                 "a",
-                tuple(ids),
-                SamplingParams(temperature=0, max_tokens=200),
+                tuple(story),
+                SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True),
                 speculation="off",
             )
         )
