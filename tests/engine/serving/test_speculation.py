@@ -128,7 +128,20 @@ def test_the_same_tokens_with_speculation_off_auto_and_predicted(svc, case):
     same(off, wrong)
 
 
-def test_drafts_are_accepted_when_the_answer_copies_the_prompt(svc):
+@pytest.fixture
+def fresh(smollm2_service):
+    """A service of its own: pass costs measured from its first pass. The module's `svc`
+    carries the earlier tests' (two streams, long drafts on a loaded host), which may cap
+    how many rows a pass verifies: 10 drafted, 10 taken once in the module's run."""
+    svc = smollm2_service.sibling(
+        ModelConfig(name="spec-copy", path=smollm2_service.path, max_concurrent=2)
+    )
+    yield svc
+    svc.close()
+
+
+def test_drafts_are_accepted_when_the_answer_copies_the_prompt(fresh):
+    svc = fresh
     before = (svc.stats.drafted_tokens, svc.stats.accepted_draft_tokens)
     off = run(svc, replace(CASES["repeat-greedy"], speculation="off"))
     assert (svc.stats.drafted_tokens, svc.stats.accepted_draft_tokens) == before
