@@ -12,8 +12,8 @@
  * products (each within K u sum|w x|, u = 2^-24, twice over; Q8_0 weights dequantise
  * exactly). The argmax is among the rows whose upper bound reaches the largest lower
  * bound; only those are computed in float32, by cpu_linear's own row kernel, which gives
- * a row the same bits whatever tile, call or thread it is in. On SmolLM2's stories the
- * candidates are 3 rows in the median, 17 at most (bench/RESULTS.md). */
+ * a row the same bits whatever tile, call or thread it is in. On 171 states of SmolLM2's
+ * own story the candidates are 3 rows in the median, 86 at most (bench/RESULTS.md). */
 #include "greedy.h"
 
 #include <math.h>
@@ -48,29 +48,54 @@ typedef struct {
 
 /* ------------------------------------------------------------------ the screen */
 
+/* The portable screen (the driver hands it at most XB x rows): the same sums as the
+ * VNNI one, a row at a time. */
 static void screen_generic(const greedy_job *j, int64_t r0, int64_t r1) {
     const int64_t K = j->K, nb = K / 32, N = j->N;
-    for (int64_t b0 = 0; b0 < j->B; b0 += XB) {
-        const int64_t bt = j->B - b0 < XB ? j->B - b0 : XB;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *row = j->w + r * j->rb;
-            float acc[XB] = {0};
-            for (int64_t c = 0; c < nb; c++) {
-                const uint8_t *bp = row + c * Q8_BYTES;
-                const int8_t *q = (const int8_t *)(bp + 2);
-                const float dw = f16_table[rd16(bp)];
-                for (int64_t b = 0; b < bt; b++) {
-                    const int8_t *xq = j->xq + (b0 + b) * K + c * 32;
-                    int32_t s = 0;
-                    for (int i = 0; i < 32; i++)
-                        s += (int32_t)q[i] * (int32_t)xq[i];
-                    acc[b] += (float)s * (dw * j->xd[(b0 + b) * nb + c]);
-                }
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = j->w + r * j->rb;
+        float acc[XB] = {0};
+        for (int64_t c = 0; c < nb; c++) {
+            const uint8_t *bp = row + c * Q8_BYTES;
+            const int8_t *q = (const int8_t *)(bp + 2);
+            const float dw = f16_table[rd16(bp)];
+            for (int64_t b = 0; b < j->B; b++) {
+                const int8_t *xq = j->xq + b * K + c * 32;
+                int32_t s = 0;
+                for (int i = 0; i < 32; i++)
+                    s += (int32_t)q[i] * (int32_t)xq[i];
+                acc[b] += (float)s * (dw * j->xd[b * nb + c]);
             }
-            for (int64_t b = 0; b < bt; b++)
-                j->out[(b0 + b) * N + r] = acc[b];
         }
+        for (int64_t b = 0; b < j->B; b++)
+            j->out[b * N + r] = acc[b];
     }
+}
+
+/* The selection's two scans from row r on, one row at a time (the portable path, and the
+ * vector scans' tails): max_r (o[r] - norms[r] c) and max_r norms[r] into *lo, *top... */
+static void lower_max_from(const float *o, const float *norms, float c, int64_t r, int64_t N,
+                           float *lo, float *top) {
+    for (; r < N; r++) {
+        const float v = o[r] - norms[r] * c;
+        *lo = v > *lo ? v : *lo;
+        *top = norms[r] > *top ? norms[r] : *top;
+    }
+}
+
+/* ...and the rows whose upper bound reaches `bar` appended to list (up to cap; returns how
+ * many there are in all), every value of o set to -inf. */
+static int64_t candidates_from(float *o, const float *norms, float c, float bar, int64_t r,
+                               int64_t N, int64_t *list, int64_t n, int64_t cap) {
+    for (; r < N; r++) {
+        if (o[r] + norms[r] * c >= bar) {
+            if (n < cap)
+                list[n] = r;
+            n++;
+        }
+        o[r] = -INFINITY;
+    }
+    return n;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -132,7 +157,7 @@ VNNI_TARGET static void screen_vnni(const greedy_job *j, int64_t r0, int64_t r1)
         screen_tile_vnni(j, r, 1);
 }
 
-/* max_r (o[r] - norms[r] c) and max_r norms[r]: the selection's first scan. */
+/* lower_max_from over all rows, 16 at a time. */
 VNNI_TARGET static void lower_max_vnni(const float *o, const float *norms, float c, int64_t N,
                                        float *lo, float *top) {
     __m512 l = _mm512_set1_ps(-INFINITY), t = _mm512_setzero_ps();
@@ -143,17 +168,11 @@ VNNI_TARGET static void lower_max_vnni(const float *o, const float *norms, float
         l = _mm512_max_ps(l, _mm512_fnmadd_ps(nv, cv, _mm512_loadu_ps(o + r)));
         t = _mm512_max_ps(t, nv);
     }
-    float lm = _mm512_reduce_max_ps(l), tm = _mm512_reduce_max_ps(t);
-    for (; r < N; r++) {
-        const float v = o[r] - norms[r] * c;
-        lm = v > lm ? v : lm;
-        tm = norms[r] > tm ? norms[r] : tm;
-    }
-    *lo = lm, *top = tm;
+    *lo = _mm512_reduce_max_ps(l), *top = _mm512_reduce_max_ps(t);
+    lower_max_from(o, norms, c, r, N, lo, top);
 }
 
-/* The rows whose upper bound reaches `bar` into list (up to cap; returns how many there
- * were), every value of o set to -inf. */
+/* candidates_from over all rows, 16 at a time. */
 VNNI_TARGET static int64_t candidates_vnni(float *o, const float *norms, float c, float bar,
                                            int64_t N, int64_t *list, int64_t cap) {
     const __m512 cv = _mm512_set1_ps(c), bv = _mm512_set1_ps(bar), ninf = _mm512_set1_ps(-INFINITY);
@@ -169,15 +188,7 @@ VNNI_TARGET static int64_t candidates_vnni(float *o, const float *norms, float c
             m &= (__mmask16)(m - 1);
         }
     }
-    for (; r < N; r++) {
-        if (o[r] + norms[r] * c >= bar) {
-            if (n < cap)
-                list[n] = r;
-            n++;
-        }
-        o[r] = -INFINITY;
-    }
-    return n;
+    return candidates_from(o, norms, c, bar, r, N, list, n, cap);
 }
 #endif
 
@@ -217,13 +228,8 @@ static void lower_max(const greedy_job *j, const float *o, float c, float *lo, f
         return;
     }
 #endif
-    float lm = -INFINITY, tm = 0.f;
-    for (int64_t r = 0; r < j->N; r++) {
-        const float v = o[r] - j->norms[r] * c;
-        lm = v > lm ? v : lm;
-        tm = j->norms[r] > tm ? j->norms[r] : tm;
-    }
-    *lo = lm, *top = tm;
+    *lo = -INFINITY, *top = 0.f;
+    lower_max_from(o, j->norms, c, 0, j->N, lo, top);
 }
 
 static int64_t candidates(const greedy_job *j, float *o, float c, float bar, int64_t *list) {
@@ -231,16 +237,7 @@ static int64_t candidates(const greedy_job *j, float *o, float c, float bar, int
     if (cpu_greedy_fast(j->isa))
         return candidates_vnni(o, j->norms, c, bar, j->N, list, MAX_CANDIDATES);
 #endif
-    int64_t n = 0;
-    for (int64_t r = 0; r < j->N; r++) {
-        if (o[r] + j->norms[r] * c >= bar) {
-            if (n < MAX_CANDIDATES)
-                list[n] = r;
-            n++;
-        }
-        o[r] = -INFINITY;
-    }
-    return n;
+    return candidates_from(o, j->norms, c, bar, 0, j->N, list, 0, MAX_CANDIDATES);
 }
 
 static void select_row(void *ctx, int64_t b) {
