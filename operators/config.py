@@ -57,6 +57,12 @@ READ_ONLY = (
         "Prompt tokens per engine step.",
     ),
     (
+        "stream_interval_ms",
+        "PANTHEON_STREAM_INTERVAL_MS",
+        lambda: round(settings.PANTHEON_ENGINE_OPTIONS["stream_interval_s"] * 1000),
+        "A stream's tokens leave at most this often (ms); faster ones join one chunk. 0: every step.",
+    ),
+    (
         "model_dirs",
         "PANTHEON_MODEL_DIRS",
         lambda: [str(p) for p in settings.PANTHEON_MODEL_DIRS],

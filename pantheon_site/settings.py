@@ -392,6 +392,8 @@ PANTHEON_ENGINE_OPTIONS = {
     "queue_depth": env_int("BS_QUEUE_DEPTH", 32),  # requests waiting beyond the slots
     "queue_timeout_s": float(env_int("PANTHEON_QUEUE_TIMEOUT", 30)),  # then 429 server_busy
     "prefill_chunk": env_int("PANTHEON_PREFILL_CHUNK", 256),  # prompt tokens per step
+    # A stream's tokens leave at most every this many ms (faster ones join one chunk).
+    "stream_interval_s": env_int("PANTHEON_STREAM_INTERVAL_MS", 20) / 1000,
     # The share of slots batch-class work (the Batches API) may hold: 0..1 (percent / 100).
     "batch_share": env_int("PANTHEON_BATCH_SHARE_PERCENT", 100) / 100,
     # Compute backend (kernels.BACKENDS): auto = compiled CPU kernels when built, else numpy.
@@ -433,6 +435,8 @@ if PANTHEON_ACTIVATIONS not in ("float32", "bfloat16"):
     raise EnvError("PANTHEON_ACTIVATIONS must be float32 or bfloat16")
 if PANTHEON_ENGINE_OPTIONS["queue_depth"] < 0 or PANTHEON_ENGINE_OPTIONS["prefill_chunk"] < 1:
     raise EnvError("BS_QUEUE_DEPTH must be >= 0 and PANTHEON_PREFILL_CHUNK >= 1")
+if not 0 <= PANTHEON_ENGINE_OPTIONS["stream_interval_s"] <= 1:
+    raise EnvError("PANTHEON_STREAM_INTERVAL_MS must be 0..1000")
 if PANTHEON_ENGINE_OPTIONS["prefix_cache_ram_bytes"] < 0:
     raise EnvError("PANTHEON_PREFIX_CACHE_RAM_MB must be >= 0")
 _SESSION_LIMITS = (

@@ -39,7 +39,7 @@ from .batch import REFUSED_MEMORY, Batch, Finished, Refused, Sampled, Started
 from .draft_model import DraftModel, DraftSlots
 from .jobs import JobQueue
 from .memory import MemoryLadder
-from .records import Choice, EngineRequest, EngineStats, hand_over
+from .records import Choice, EngineRequest, EngineStats, hand_over_due
 from .runner import Runner
 from .scheduler import Scheduler
 from .sessions import SessionTable
@@ -120,6 +120,7 @@ class EngineLoop:
         self.requests: dict[int, EngineRequest] = {}
         self._choices: dict[int, Choice] = {}  # engine thread only
         self._posted: list[EngineRequest] = []  # requests with token events to flush
+        self.stream_interval_s = config.stream_interval_s  # records.hand_over_due
         self.wake = threading.Event()
         self._closing = threading.Event()
         self._ladder_moved = False
@@ -202,6 +203,7 @@ class EngineLoop:
             if batch.empty:
                 return
         if batch.empty:
+            self._posted = hand_over_due(self._posted, 0.0)  # nothing waits on a next step
             if self._trim_due:  # idle after work: freed heap pages back (devices/threads)
                 self._trim_due = not threads.trim()
             self.wake.wait(IDLE_WAIT_S)
@@ -266,7 +268,7 @@ class EngineLoop:
         for seq_id in verified:
             if (ch := self._choices.get(seq_id)) is not None:
                 ch.state.replay(None)
-        self._posted = _flushed(self._posted)
+        self._posted = hand_over_due(self._posted, self.stream_interval_s)
 
     def _start(self, started_groups: list[Started]) -> None:
         """Output state for the groups this step admitted (under the lock)."""
@@ -300,12 +302,10 @@ class EngineLoop:
                 )
 
     def _reap_sessions(self) -> None:
-        now = time.monotonic()
-        if now - self._last_reap < SESSION_REAP_S:
-            return
-        self._last_reap = now
-        for sid in self.sessions.reap():
-            log.info("%s: session %s dropped (idle)", self.name, _short(sid))
+        if (now := time.monotonic()) - self._last_reap >= SESSION_REAP_S:
+            self._last_reap = now
+            for sid in self.sessions.reap():
+                log.info("%s: session %s dropped (idle)", self.name, _short(sid))
 
     def _deliver(self, events: list, flush: bool = True) -> None:
         for event in events:
@@ -316,7 +316,7 @@ class EngineLoop:
             elif isinstance(event, Refused):
                 self._on_refused(event)
         if flush:
-            self._posted = _flushed(self._posted)
+            self._posted = hand_over_due(self._posted, self.stream_interval_s)
 
     def _on_token(self, event: Sampled) -> None:
         ch = self._choices.get(event.seq_id)
@@ -455,12 +455,6 @@ class EngineLoop:
             events = self.scheduler.set_limits(slots, window)
         self._deliver(events)
         self.keeper.clear()  # kept prefixes are the first to go
-
-
-def _flushed(posted: list[EngineRequest]) -> list[EngineRequest]:
-    """Hand the step's posted token events over (records.hand_over); [] after."""
-    hand_over(posted)
-    return []
 
 
 def _short(session_id: str) -> str:

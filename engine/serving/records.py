@@ -34,6 +34,8 @@ class EngineRequest:
     # function taking a list of events there); None: `emit` each.
     handoff: tuple[Any, Callable[[list], None]] | None = None
     outbox: list = field(default_factory=list)
+    # time.monotonic() of its last paced hand-over (`hand_over_due`; 0: none yet)
+    handed_at: float = 0.0
 
     def post(self, event: object) -> None:
         if self.outbox and (both := joined(self.outbox[-1], event)) is not None:
@@ -48,6 +50,23 @@ class EngineRequest:
         """`event` now, after what was posted before it."""
         self.flush()
         self.emit(event)
+
+
+def hand_over_due(posted: list[EngineRequest], interval_s: float) -> list[EngineRequest]:
+    """Hand over the posted events of the requests whose last hand-over is at least
+    `interval_s` old (a request's first is always due); the others keep theirs, joined
+    with what they post next. Returns the requests still holding events."""
+    if interval_s <= 0:
+        hand_over(posted)
+        return []
+    now = time.monotonic()
+    due = []
+    for req in posted:
+        if now - req.handed_at >= interval_s:
+            req.handed_at = now
+            due.append(req)
+    hand_over(due)
+    return [req for req in posted if req.outbox]
 
 
 def hand_over(posted: list[EngineRequest]) -> None:

@@ -97,7 +97,7 @@ def test_sdk_non_streamed_answer(sdk):
     assert completion.usage.completion_tokens == 7
 
 
-def test_sdk_streamed_answer_equals_non_streamed_and_arrives_token_by_token(sdk):
+def test_sdk_streamed_answer_equals_non_streamed_and_arrives_while_generated(sdk):
     kwargs = {"model": MODEL, "messages": POEM, "temperature": 0, "max_tokens": 24}
     expected = sdk.chat.completions.create(**kwargs).choices[0].message.content
 
@@ -120,9 +120,11 @@ def test_sdk_streamed_answer_equals_non_streamed_and_arrives_token_by_token(sdk)
     assert finish_reason == "length"
     assert usage is not None and usage.completion_tokens == 24
     # Buffered whole, every chunk would land in the same instant at the end. Streamed,
-    # the first token arrives while the rest is still being generated.
+    # the first token arrives while the rest is still being generated, and the rest in
+    # several chunks (tokens decoded within PANTHEON_STREAM_INTERVAL_MS of the last
+    # chunk join the next one).
     first = arrivals[0][0]
-    assert len(arrivals) >= 10
+    assert len(arrivals) >= 3
     assert ended - first > 0.25 * ended, (first, ended)
 
 

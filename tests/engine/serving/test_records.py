@@ -1,7 +1,9 @@
 """EngineRequest's outbox: a step's token events leave together and before anything sent
-after them (engine/serving/records.py)."""
+after them, at most once per stream interval (engine/serving/records.py)."""
 
-from engine.serving.records import EngineRequest, hand_over
+import time
+
+from engine.serving.records import EngineRequest, hand_over, hand_over_due
 from engine.types import GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
 
 
@@ -106,3 +108,41 @@ def test_events_whose_order_a_renderer_reads_stay_apart():
         req.post(event)
     req.flush()
     assert handed == apart
+
+
+def test_a_stream_hands_over_at_most_once_per_interval():
+    loop = Loop()
+    handed: list = []
+    req = handed_over(loop, handed)
+    req.post(token("a", (1,)))
+    assert hand_over_due([req], 60.0) == []  # the first leaves at once
+    req.post(token("b", (2,)))
+    assert hand_over_due([req], 60.0) == [req]  # within the interval: kept
+    req.post(token("c", (3,)))
+    assert hand_over_due([req], 60.0) == [req]
+    assert handed == [(token("a", (1,)),)] and loop.wake_ups == 1
+    req.handed_at = time.monotonic() - 61  # the interval has passed
+    assert hand_over_due([req], 60.0) == []
+    assert handed[-1] == (token("bc", (2, 3)),)  # what waited, joined: one chunk
+    assert loop.wake_ups == 2
+
+
+def test_a_zero_interval_hands_every_step_over():
+    loop = Loop()
+    handed: list = []
+    req = handed_over(loop, handed)
+    for i in range(3):
+        req.post(token(str(i), (i,)))
+        assert hand_over_due([req], 0.0) == []
+    assert handed == [(token(str(i), (i,)),) for i in range(3)]
+
+
+def test_a_flush_sends_what_the_interval_kept():
+    handed: list = []
+    req = handed_over(Loop(), handed)
+    req.post(token("a", (1,)))
+    hand_over_due([req], 60.0)
+    req.post(token("b", (2,)))
+    assert hand_over_due([req], 60.0) == [req]
+    req.send("finish")  # a sequence's end leaves at once, after what it had posted
+    assert handed == [(token("a", (1,)),), (token("b", (2,)),), "finish"]

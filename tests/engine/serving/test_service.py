@@ -166,3 +166,33 @@ def test_a_request_queued_behind_waiting_choices_still_runs(smollm2_service):
         assert sorted(many) == [0, 1, 2, 3] and sorted(one) == [0]
     finally:
         svc.close()
+
+
+def token_events(svc, prompt, params, interval_s: float) -> list[TokenEvent]:
+    """A greedy request's token events, its model's stream interval set for it."""
+
+    async def collect_events():
+        request = GenerationRequest("t", tuple(prompt), params, speculation="off")
+        return [ev async for ev in svc.generate(request) if isinstance(ev, TokenEvent)]
+
+    loop = svc.engine_loop
+    saved, loop.stream_interval_s = loop.stream_interval_s, interval_s
+    try:
+        return run(collect_events())
+    finally:
+        loop.stream_interval_s = saved
+
+
+def test_the_stream_interval_joins_tokens_not_text(smollm2_service):
+    """Tokens decoded within the stream interval leave as one event: the first at once,
+    the rest with the finish here; the same ids and text as one event per step."""
+    ids = smollm2_service.encode_chat([{"role": "user", "content": "Count to twenty."}])
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    every_step = token_events(smollm2_service, ids, params, 0.0)
+    paced = token_events(smollm2_service, ids, params, 60.0)
+    assert [len(ev.token_ids) for ev in every_step] == [1] * 24
+    assert [len(ev.token_ids) for ev in paced] == [1, 23]
+    assert [t for ev in paced for t in ev.token_ids] == [
+        t for ev in every_step for t in ev.token_ids
+    ]
+    assert "".join(ev.text for ev in paced) == "".join(ev.text for ev in every_step)
