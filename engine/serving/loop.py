@@ -212,9 +212,9 @@ class EngineLoop:
         states = {seq_id: ch.state for seq_id, ch in self._choices.items()}
         drafts = self.speculator.drafts(batch.decode, self._choices, self._draft_rooms)
         try:
-            # A prefill pass has someone waiting for a first token: bulk work elsewhere in
-            # the process (a huge text's tokenization) steps aside meanwhile.
-            with FOREGROUND.running() if batch.prefill else contextlib.nullcontext():
+            # A prefill pass has someone waiting for a first token: bulk work elsewhere
+            # steps aside, its temporaries reuse heap pages (_prefilling).
+            with _prefilling() if batch.prefill else contextlib.nullcontext():
                 sampled = self.runner.run(batch, states, drafts)
         except Exception as exc:
             log.exception("%s: a forward pass failed", self.name)
@@ -460,3 +460,11 @@ class EngineLoop:
 def _short(session_id: str) -> str:
     """A session id for the log: its first characters only (ids may be secrets)."""
     return session_id[:6] + "…" if len(session_id) > 8 else session_id
+
+
+@contextlib.contextmanager
+def _prefilling():
+    """A prefill pass: bulk work in the process (a huge text's tokenization) steps aside
+    meanwhile (foreground.py), and its big temporaries reuse heap pages (threads.py)."""
+    with FOREGROUND.running(), threads.prefill_heap():
+        yield

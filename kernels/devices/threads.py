@@ -19,6 +19,13 @@
   each big temporary, which is not noise for what every decode step makes again: the
   compiled step keeps its buffers per thread (kernels/cpu/scratch.c) and the logits go
   on reused pages (kernels/host_buffers.py); tests/kernels/cpu/test_step_memory.py.
+- Prefill passes. A prompt chunk's forward makes temporaries of megabytes per op, again
+  in every op of every layer: past the fixed threshold each was a fresh mapping, faulted
+  in and zeroed page by page, then unmapped (~0.3 s of SmolLM2's 730-token prompt).
+  While a prefill pass runs (`prefill_heap`, around the engine thread's pass) the
+  threshold is PREFILL_MMAP_THRESHOLD and the heap's freed top is kept (up to
+  PREFILL_TRIM_THRESHOLD), so the pass's ops reuse heap pages; after it both go back, and
+  glibc hands the freed top back to the OS at the next free.
 - Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back,
   and the free maps of host KV copies (kernels/host_buffers.py) with them.
   The engine calls it when it goes idle after work (never on the decode path).
@@ -26,12 +33,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 from kernels import host_buffers
 
@@ -39,12 +48,16 @@ log = logging.getLogger("pantheon.engine")
 
 M_ARENA_MAX = -8  # glibc malloc.h
 M_MMAP_THRESHOLD = -3
+M_TRIM_THRESHOLD = -1
 ARENA_MAX = 2
 MMAP_THRESHOLD = 256 * 1024  # a decode step's logits (49k vocab x 4 B) stay in the heap
+TRIM_THRESHOLD = 128 * 1024  # glibc's default, fixed with the mmap threshold
+PREFILL_MMAP_THRESHOLD = 16 << 20  # while a prefill pass runs (prefill_heap)
+PREFILL_TRIM_THRESHOLD = 256 << 20
 TRIM_EVERY_S = 5.0  # at most one trim per this many seconds (per process)
 
 _lock = threading.Lock()
-_state: dict = {"threads": None, "limiter": None, "last_trim": 0.0}
+_state: dict = {"threads": None, "limiter": None, "last_trim": 0.0, "tuned": False, "prefills": 0}
 
 
 def usable_cores() -> int:
@@ -139,6 +152,31 @@ def _tune_heap() -> None:
     if lib is not None and hasattr(lib, "mallopt"):
         lib.mallopt(M_ARENA_MAX, ARENA_MAX)
         lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        _state["tuned"] = True
+
+
+@contextlib.contextmanager
+def prefill_heap() -> Iterator[None]:
+    """While a prefill pass runs, its big temporaries reuse heap pages (the module's
+    docstring); nested and concurrent passes (several models) share one raise. Nothing
+    where `configure` did not tune the heap (glibc's own moving threshold is in force)."""
+    lib = _libc()
+    if lib is None or not _state["tuned"]:
+        yield
+        return
+    with _lock:
+        _state["prefills"] += 1
+        if _state["prefills"] == 1:
+            lib.mallopt(M_MMAP_THRESHOLD, PREFILL_MMAP_THRESHOLD)
+            lib.mallopt(M_TRIM_THRESHOLD, PREFILL_TRIM_THRESHOLD)
+    try:
+        yield
+    finally:
+        with _lock:
+            _state["prefills"] -= 1
+            if _state["prefills"] == 0:
+                lib.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                lib.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def trim(force: bool = False) -> bool:
