@@ -53,7 +53,7 @@ ARENA_MAX = 2
 MMAP_THRESHOLD = 256 * 1024  # a decode step's logits (49k vocab x 4 B) stay in the heap
 TRIM_THRESHOLD = 128 * 1024  # glibc's default, fixed with the mmap threshold
 PREFILL_MMAP_THRESHOLD = 16 << 20  # while a prefill pass runs (prefill_heap)
-PREFILL_TRIM_THRESHOLD = 256 << 20
+PREFILL_TRIM_THRESHOLD = 16 << 20  # freed heap top kept meanwhile (enough for a 256-token pass)
 TRIM_EVERY_S = 5.0  # at most one trim per this many seconds (per process)
 
 _lock = threading.Lock()
