@@ -18,6 +18,8 @@ import threading
 from collections.abc import Generator
 from concurrent.futures import Future, InvalidStateError
 
+from kernels.devices import threads
+
 from ..types import GenerationFailed
 
 log = logging.getLogger("pantheon.engine.service")
@@ -64,7 +66,9 @@ class JobQueue:
             job.close()
             return True
         try:
-            next(job)
+            # A job's step is a prefill pass: its temporaries reuse heap pages (threads.py).
+            with threads.prefill_heap():
+                next(job)
         except StopIteration as done:
             _settle(future, result=done.value)
         except Exception as exc:
