@@ -21,9 +21,9 @@
   on reused pages (kernels/host_buffers.py); tests/kernels/cpu/test_step_memory.py.
 - Prefill passes. A prompt chunk's forward makes temporaries of megabytes per op, again
   in every op of every layer: past the fixed threshold each was a fresh mapping, faulted
-  in and zeroed page by page, then unmapped (~0.3 s of SmolLM2's 730-token prompt).
-  While a prefill pass runs (`prefill_heap`: a prompt's or a job's, on the engine thread) the
-  threshold is PREFILL_MMAP_THRESHOLD and the heap's freed top is kept (up to
+  in and zeroed page by page, then unmapped (~0.4 s of the 1.44 s SmolLM2 took for a
+  730-token prompt over HTTP). While a prefill pass runs (`prefill_heap`: a prompt's or
+  a job's, on the engine thread) the threshold is PREFILL_MMAP_THRESHOLD and the heap's freed top is kept (up to
   PREFILL_TRIM_THRESHOLD), so the pass's ops reuse heap pages; after it both go back, and
   glibc hands the freed top back to the OS at the next free.
 - Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back,

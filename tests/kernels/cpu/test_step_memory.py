@@ -83,7 +83,7 @@ print(mapped, reused, int(np.array_equal(plain, in_heap)))
 
 def test_a_prefill_pass_reuses_heap_pages_for_its_temporaries():
     """Under the server's heap settings each of a prefill chunk's big temporaries was a
-    fresh mapping (~0.3 s of a 730-token prompt in page faults); inside prefill_heap the
+    fresh mapping (~0.4 s of a 730-token prompt in page faults); inside prefill_heap the
     pass's ops reuse heap pages: a small fraction of the faults, the same logits. In a
     process of its own: what earlier tests left in this one's heap changes its faults."""
     import subprocess
