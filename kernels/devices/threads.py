@@ -23,9 +23,9 @@
   in every op of every layer: past the fixed threshold each was a fresh mapping, faulted
   in and zeroed page by page, then unmapped (~0.4 s of the 1.44 s SmolLM2 took for a
   730-token prompt over HTTP). While a prefill pass runs (`prefill_heap`: a prompt's or
-  a job's, on the engine thread) the threshold is PREFILL_MMAP_THRESHOLD and the heap's freed top is kept (up to
-  PREFILL_TRIM_THRESHOLD), so the pass's ops reuse heap pages; after it both go back, and
-  glibc hands the freed top back to the OS at the next free.
+  a job's, on the engine thread) the threshold is PREFILL_MMAP_THRESHOLD and the heap's
+  freed top is kept (up to PREFILL_TRIM_THRESHOLD), so the pass's ops reuse heap pages;
+  after it both go back, and glibc hands the freed top back to the OS at the next free.
 - Trim. Freed heap pages stay with the process; `trim()` (malloc_trim(0)) hands them back,
   and the free maps of host KV copies (kernels/host_buffers.py) with them.
   The engine calls it when it goes idle after work (never on the decode path).
