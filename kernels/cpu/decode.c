@@ -15,11 +15,7 @@
 #include "scratch.h"
 
 void dec_matmul(int isa, int nt, const dec_matrix *m, const float *x, int64_t B, float *out) {
-    for (int p = 0; p < m->n_parts; p++) {
-        const dec_part *part = &m->part[p];
-        cpu_linear(isa, nt, part->qt, part->w, part->row_bytes, part->rows, m->K, x, B,
-                   out + part->col0, m->N);
-    }
+    cpu_linear_parts(isa, nt, m->n_parts, m->part, m->K, x, B, out, m->N);
 }
 
 int cpu_decode_layers(int isa, int nt, const dec_model *m, float *x, int64_t B,

@@ -9,18 +9,13 @@
 #include <stdint.h>
 
 #include "kv.h"
+#include "quants.h"
 
 #define DECODE_MAX_PARTS 4
 
 /* A matrix in GGUF blocks, possibly stacked from parts along its output rows (q/k/v,
  * gate/up), each part kept where the file maps it. */
-typedef struct {
-    int qt;
-    const uint8_t *w;
-    size_t row_bytes;
-    int64_t rows;
-    int64_t col0;
-} dec_part;
+typedef linear_part dec_part;
 
 typedef struct {
     int n_parts;

@@ -610,6 +610,59 @@ static void linear_run(linear_job *j, int nthreads) {
     pool_run(nthreads, (j->N + j->chunk - 1) / j->chunk, linear_chunk, j);
 }
 
+/* Several products of one x as one pool run. Each part is cut at multiples of 4 rows
+ * from its own first row, as linear_run cuts a matrix, into chunks in proportion to its
+ * bytes (2 per thread in all, at least one per part): a layer's q, k and v (207, 69 and
+ * 69 KB for SmolLM2) go out as 4 chunks, not 12, and the threads meet once, not 3 times. */
+#define MAX_PARTS 8
+typedef struct {
+    linear_job job[MAX_PARTS];
+    int64_t first[MAX_PARTS + 1]; /* chunk indices of part p: first[p] .. first[p + 1] */
+    int n;
+} parts_job;
+
+static void parts_chunk(void *ctx, int64_t i) {
+    parts_job *pj = ctx;
+    int p = 0;
+    while (i >= pj->first[p + 1])
+        p++;
+    linear_chunk(&pj->job[p], i - pj->first[p]);
+}
+
+void cpu_linear_parts(int isa, int nthreads, int n_parts, const linear_part *parts, int64_t K,
+                      const float *x, int64_t B, float *out, int64_t ldo) {
+    double bytes = 0.0;
+    int fused = n_parts > 1 && n_parts <= MAX_PARTS && nthreads > 1 && B > 0 &&
+                cpu_activations(isa) == ACT_FLOAT32;
+    for (int p = 0; fused && p < n_parts; p++) {
+        fused = parts[p].rows > 0 && linear_kernel(isa, parts[p].qt) != NULL;
+        bytes += (double)parts[p].rows * (double)parts[p].row_bytes;
+    }
+    if (!fused || bytes * (double)(B < 4 ? 1 : B / 4) < 65536.0) {
+        for (int p = 0; p < n_parts; p++)
+            cpu_linear(isa, nthreads, parts[p].qt, parts[p].w, parts[p].row_bytes, parts[p].rows,
+                       K, x, B, out + parts[p].col0, ldo);
+        return;
+    }
+    parts_job pj;
+    pj.n = n_parts;
+    pj.first[0] = 0;
+    const double total_chunks = (double)nthreads * CHUNKS_PER_THREAD;
+    for (int p = 0; p < n_parts; p++) {
+        const linear_part *lp = &parts[p];
+        const double share = (double)lp->rows * (double)lp->row_bytes / bytes;
+        int64_t n = (int64_t)(total_chunks * share + 0.5);
+        n = n < 1 ? 1 : n;
+        int64_t chunk = (lp->rows + n - 1) / n;
+        chunk = (chunk + 3) & ~(int64_t)3;
+        chunk = chunk < 16 ? 16 : chunk;
+        pj.job[p] = (linear_job){linear_kernel(isa, lp->qt), NULL, lp->w, lp->row_bytes,
+                                 lp->rows, K, B, ldo, chunk, x, NULL, out + lp->col0};
+        pj.first[p + 1] = pj.first[p] + (lp->rows + chunk - 1) / chunk;
+    }
+    pool_run(nthreads, pj.first[n_parts], parts_chunk, &pj);
+}
+
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
                 int64_t K, const float *x, int64_t B, float *out, int64_t ldo) {
     linear_rows_fn fn = linear_kernel(isa, qt);

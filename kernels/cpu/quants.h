@@ -66,6 +66,19 @@ int cpu_activations(int isa); /* what cpu_linear computes with at that ISA */
 /* Threaded drivers (OpenMP). */
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
                 int64_t K, const float *x, int64_t B, float *out, int64_t ldo);
+/* One matrix of several multiplied by the same x (a layer's q, k and v; its gate and up),
+ * written to out's columns col0 .. col0 + rows. */
+typedef struct {
+    int qt;
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t rows;
+    int64_t col0;
+} linear_part;
+/* cpu_linear of each part, in one hand-out to the threads (one wait for the slowest
+ * rather than one per part); each output row's bits are cpu_linear's. */
+void cpu_linear_parts(int isa, int nthreads, int n_parts, const linear_part *parts, int64_t K,
+                      const float *x, int64_t B, float *out, int64_t ldo);
 /* The row kernels cpu_linear runs for (isa, qt) with the activations in use: bf is set
  * where it runs bfloat16 products (then x goes in rounded: cpu_linear_round_x, 64 bytes
  * per 32 values of a row, into xb; it returns 0 and writes nothing for float32 ones). */
