@@ -159,7 +159,9 @@ def _transforms(xp, x, samplers: list[Sampler], allowed: list):
     got = _gather(samplers, V, lambda s: (s.bias_ids, s.bias_values))
     if got is not None:
         rows, ids, bias = got
-        x[up(rows, np.int64), up(ids, np.int64)] += up(bias, np.float64)
+        ban = bias == -np.inf  # set, not added, as on the host (split here, on the host)
+        x[up(rows[~ban], np.int64), up(ids[~ban], np.int64)] += up(bias[~ban], np.float64)
+        x[up(rows[ban], np.int64), up(ids[ban], np.int64)] = -xp.inf
     got = _gather(samplers, V, _penalty_terms)
     if got is not None:
         rows, ids, *terms = got

@@ -1,7 +1,8 @@
 """Turn logits into tokens: the OpenAI sampling surface, one RNG per sequence.
 
 Transforms, in order, on each row of logits (float64):
-  1. logit_bias: each (id, bias) added; ids outside the vocabulary are ignored.
+  1. logit_bias: each (id, bias) added (a -inf one, a ban, sets -inf whatever the logit);
+     ids outside the vocabulary are ignored.
   2. repetition_penalty r over the tokens generated so far: a positive logit / r, a
      negative one * r (llama.cpp).
   3. presence / frequency penalties over the generated tokens (OpenAI):
@@ -286,7 +287,11 @@ def apply_logit_bias(x: np.ndarray, samplers: list[Sampler]) -> None:
     got = _gather(samplers, x.shape[1], lambda s: (s.bias_ids, s.bias_values))
     if got is not None:
         rows, ids, bias = got
-        x[rows, ids] += bias
+        # A bias of -inf (a ban) is set, not added: +inf + -inf is NaN, and a NaN row
+        # would hand the banned id its share again.
+        ban = bias == -np.inf
+        x[rows[~ban], ids[~ban]] += bias[~ban]
+        x[rows[ban], ids[ban]] = -np.inf
 
 
 def _penalty_terms(s: Sampler) -> tuple[np.ndarray, ...] | None:

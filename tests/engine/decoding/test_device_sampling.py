@@ -10,6 +10,8 @@ same cases with xp = CuPy.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -161,6 +163,21 @@ def test_a_row_without_usable_logits_samples_as_the_host():
         want = sample_batch(host, logits, masks)
         assert_same(sample_batch_on(np, device, strict(logits), masks), want, 1e-12)
         assert {s.token_id for s in want[2:]} <= {7, 8, 40} and want[1].token_id in (3, 9)
+
+
+def test_a_ban_on_an_id_the_model_gave_plus_inf_holds_as_on_the_host():
+    # +inf + a ban's -inf would be NaN, a row "without usable logits" sharing its mass
+    # among every id, the banned one too.
+    V = 16
+    logits = np.zeros((2, V), dtype=np.float32)
+    logits[:, 4] = np.inf
+    logits[1, 9] = np.inf
+    p = SamplingParams(temperature=1.0, seed=3, logit_bias=((4, -math.inf), (2, 1.5)))
+    host, device = [Sampler(p) for _ in range(2)], [Sampler(p) for _ in range(2)]
+    for _ in range(30):
+        want = sample_batch(host, logits)
+        assert_same(sample_batch_on(np, device, strict(logits)), want, 1e-12)
+        assert want[0].token_id != 4 and want[1].token_id == 9
 
 
 class ScanInBlocks:

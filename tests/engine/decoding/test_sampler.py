@@ -90,6 +90,18 @@ def test_greedy_with_banned_tokens_takes_the_shortcut_and_the_full_paths_token(s
     assert not Sampler(SamplingParams(temperature=0, logit_bias=((1, 5.0),))).plain_greedy
 
 
+def test_a_ban_holds_where_the_model_gave_the_banned_id_plus_inf():
+    # Added, the ban's -inf and the logit's +inf made NaN: greedy then took id 0 and a
+    # draw could take the banned id. Set, the ban leaves the largest allowed logit.
+    row = np.array([0.0, 1.0, np.inf, 0.5], dtype=np.float32)
+    ban = ((2, -math.inf),)
+    assert Sampler(SamplingParams(temperature=0, logit_bias=ban)).sample(row).token_id == 1
+    full = Sampler(SamplingParams(temperature=0, logprobs=True, logit_bias=ban))
+    assert full.sample(row).token_id == 1
+    drawn = Sampler(SamplingParams(temperature=0.7, seed=1, logit_bias=ban))
+    assert 2 not in {drawn.sample(row).token_id for _ in range(200)}
+
+
 def test_greedy_draws_nothing_from_the_rng():
     s = Sampler(SamplingParams(temperature=0, seed=1))
     before = s.rng.bit_generator.state
