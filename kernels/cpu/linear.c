@@ -618,7 +618,6 @@ static void linear_run(linear_job *j, int nthreads) {
 typedef struct {
     linear_job job[MAX_PARTS];
     int64_t first[MAX_PARTS + 1]; /* chunk indices of part p: first[p] .. first[p + 1] */
-    int n;
 } parts_job;
 
 static void parts_chunk(void *ctx, int64_t i) {
@@ -645,7 +644,6 @@ void cpu_linear_parts(int isa, int nthreads, int n_parts, const linear_part *par
         return;
     }
     parts_job pj;
-    pj.n = n_parts;
     pj.first[0] = 0;
     const double total_chunks = (double)nthreads * CHUNKS_PER_THREAD;
     for (int p = 0; p < n_parts; p++) {
