@@ -596,17 +596,24 @@ static void linear_chunk(void *ctx, int64_t i) {
  * thread, 4.49 / 5.64 / 16.9 with 2, 4.36 / 5.54 / 16.7 with 1. Two rather than one: a
  * worker the OS preempts mid-chunk holds a quarter of the product, not half. */
 #define CHUNKS_PER_THREAD 2
+
+/* Whether a product of `bytes` of weights by B x rows is small enough for one thread. */
+static int single_threaded(double bytes, int64_t B) {
+    return bytes * (double)(B < 4 ? 1 : B / 4) < 65536.0;
+}
+
+/* The rows of a chunk when `rows` go out in n chunks: whole 4-row groups, at least 16. */
+static int64_t chunk_rows(int64_t rows, int64_t n) {
+    const int64_t chunk = ((rows + n - 1) / n + 3) & ~(int64_t)3;
+    return chunk < 16 ? 16 : chunk;
+}
+
 static void linear_run(linear_job *j, int nthreads) {
-    const double work =
-        (double)j->N * (double)j->row_bytes * (double)(j->B < 4 ? 1 : j->B / 4);
-    if (nthreads <= 1 || work < 65536.0) {
+    if (nthreads <= 1 || single_threaded((double)j->N * (double)j->row_bytes, j->B)) {
         linear_rows(j, 0, j->N);
         return;
     }
-    const int64_t parts = (int64_t)nthreads * CHUNKS_PER_THREAD;
-    int64_t chunk = (j->N + parts - 1) / parts;
-    chunk = (chunk + 3) & ~(int64_t)3;
-    j->chunk = chunk < 16 ? 16 : chunk;
+    j->chunk = chunk_rows(j->N, (int64_t)nthreads * CHUNKS_PER_THREAD);
     pool_run(nthreads, (j->N + j->chunk - 1) / j->chunk, linear_chunk, j);
 }
 
@@ -637,7 +644,7 @@ void cpu_linear_parts(int isa, int nthreads, int n_parts, const linear_part *par
         fused = parts[p].rows > 0 && linear_kernel(isa, parts[p].qt) != NULL;
         bytes += (double)parts[p].rows * (double)parts[p].row_bytes;
     }
-    if (!fused || bytes * (double)(B < 4 ? 1 : B / 4) < 65536.0) {
+    if (!fused || single_threaded(bytes, B)) {
         for (int p = 0; p < n_parts; p++)
             cpu_linear(isa, nthreads, parts[p].qt, parts[p].w, parts[p].row_bytes, parts[p].rows,
                        K, x, B, out + parts[p].col0, ldo);
@@ -649,11 +656,8 @@ void cpu_linear_parts(int isa, int nthreads, int n_parts, const linear_part *par
     for (int p = 0; p < n_parts; p++) {
         const linear_part *lp = &parts[p];
         const double share = (double)lp->rows * (double)lp->row_bytes / bytes;
-        int64_t n = (int64_t)(total_chunks * share + 0.5);
-        n = n < 1 ? 1 : n;
-        int64_t chunk = (lp->rows + n - 1) / n;
-        chunk = (chunk + 3) & ~(int64_t)3;
-        chunk = chunk < 16 ? 16 : chunk;
+        const int64_t n = (int64_t)(total_chunks * share + 0.5);
+        const int64_t chunk = chunk_rows(lp->rows, n < 1 ? 1 : n);
         pj.job[p] = (linear_job){linear_kernel(isa, lp->qt), NULL, lp->w, lp->row_bytes,
                                  lp->rows, K, B, ldo, chunk, x, NULL, out + lp->col0};
         pj.first[p + 1] = pj.first[p] + (lp->rows + chunk - 1) / chunk;
