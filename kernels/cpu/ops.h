@@ -1,6 +1,6 @@
 /* Decode-step ops of the compiled CPU kernels: attention over the KV cache, RMS norm,
  * RoPE. Plain C (float32, lane-array loops the compiler vectorises without reordering
- * any sum), OpenMP over independent rows: a row's bits never depend on the batch. */
+ * any sum), the pool (pool.h) over independent rows: a row's bits never depend on the batch. */
 #ifndef PANTHEON_CPU_OPS_H
 #define PANTHEON_CPU_OPS_H
 

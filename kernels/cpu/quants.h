@@ -63,7 +63,7 @@ int cpu_bf16_supported(void);
 int cpu_set_activations(int act);
 int cpu_activations(int isa); /* what cpu_linear computes with at that ISA */
 
-/* Threaded drivers (OpenMP). */
+/* Threaded drivers (on the kernels' pool, pool.h). */
 void cpu_linear(int isa, int nthreads, int qt, const uint8_t *w, size_t row_bytes, int64_t N,
                 int64_t K, const float *x, int64_t B, float *out, int64_t ldo);
 /* One matrix of several multiplied by the same x (a layer's q, k and v; its gate and up),
