@@ -135,7 +135,7 @@ chunk16(int type, const uint8_t *row, int64_t c) {
 }
 
 /* Each key's sum: q[0] * k[0..15], then + q[c] * k[16c..] in c order, then one reduce
- * (ops.c's scores_avx512 on the converted values); two keys at a time. */
+ * (attention_decode.c's scores_avx512 on the converted values); two keys at a time. */
 __attribute__((target("avx512f,f16c,fma"), always_inline)) static inline void
 scores_n(int type, const float *qs, const uint8_t *keys, int64_t row, int64_t n,
          const int64_t chunks, float *scores) {
@@ -164,7 +164,7 @@ scores_n(int type, const float *qs, const uint8_t *keys, int64_t row, int64_t n,
 }
 
 /* Every 16-wide chunk of the output in its own register; each lane sums p[t] * v[t] in
- * t order (ops.c's weighted_avx512 on the converted values). */
+ * t order (attention_decode.c's weighted_avx512 on the converted values). */
 __attribute__((target("avx512f,f16c,fma"), always_inline)) static inline void
 weighted_n(int type, const float *w, const uint8_t *values, int64_t row, int64_t n,
            const int64_t chunks, float inv, float *out) {

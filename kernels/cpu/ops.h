@@ -1,6 +1,8 @@
-/* Decode-step ops of the compiled CPU kernels: attention over the KV cache, RMS norm,
- * RoPE. Plain C (float32, lane-array loops the compiler vectorises without reordering
- * any sum), the pool (pool.h) over independent rows: a row's bits never depend on the batch. */
+/* Decode-step ops of the compiled CPU kernels: attention over the KV cache
+ * (attention_decode.c, attention_prefill.c), RMS norm and RoPE (ops.c), their shared
+ * float math in vec_math.h. Plain C (float32, lane-array loops the compiler vectorises
+ * without reordering any sum) with AVX-512 twins of the same bits, the pool (pool.h) over
+ * independent rows: a row's bits never depend on the batch. */
 #ifndef PANTHEON_CPU_OPS_H
 #define PANTHEON_CPU_OPS_H
 
