@@ -22,6 +22,7 @@ CPU_SOURCES = [
     "kernels/cpu/bind_greedy.c",
     "kernels/cpu/greedy.c",
     "kernels/cpu/linear.c",
+    "kernels/cpu/linear_generic.c",
     "kernels/cpu/linear_run.c",
     "kernels/cpu/ops.c",
     "kernels/cpu/attention_decode.c",

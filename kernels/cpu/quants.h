@@ -50,6 +50,9 @@ typedef void (*dequant_row_fn)(const uint8_t *row, int64_t K, float *out);
 
 linear_rows_fn linear_kernel(int isa, int qt);
 dequant_row_fn dequant_kernel(int isa, int qt);
+/* The portable kernels (linear_generic.c), NULL for a type they lack. */
+linear_rows_fn linear_for_generic(int qt);
+dequant_row_fn dequant_for_generic(int qt);
 
 /* Highest ISA this CPU runs (ISA_*). */
 int cpu_best_isa(void);
