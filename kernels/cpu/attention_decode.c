@@ -172,11 +172,7 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     for (int64_t d = 0; d < Dh; d++)
         qs[d] = q[d] * scale;
     const int64_t n = hi - lo + 1;
-#ifdef HAVE_AVX512_ATTENTION
-    const int wide = use_avx512_attention(Dh);
-#else
-    const int wide = 0;
-#endif
+    const int wide = avx512_rows(Dh);
 #ifdef HAVE_AVX512_ATTENTION
     if (wide)
         scores_avx512(qs, keys + lo * Dh, n, Dh, scores);
@@ -227,11 +223,7 @@ static void attend_head_narrow(const float *q, const uint8_t *keys, const uint8_
     for (int64_t d = 0; d < Dh; d++)
         qs[d] = q[d] * scale;
     const int64_t n = hi - lo + 1, rows = kv_tile_rows(Dh);
-#ifdef HAVE_AVX512_ATTENTION
-    const int wide = use_avx512_attention(Dh);
-#else
-    const int wide = 0;
-#endif
+    const int wide = avx512_rows(Dh);
 #ifdef HAVE_AVX512_ATTENTION
     if (wide)
         kv_scores_avx512(type, qs, keys + lo * row_bytes, n, Dh, scores);

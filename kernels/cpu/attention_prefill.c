@@ -376,11 +376,7 @@ int cpu_attention_prefill(int nthreads, const float *q, const float *k, const fl
     while (R > 4 && Hkv * ((T + R - 1) / R) < 2 * (int64_t)nthreads)
         R = (R + 1) / 2;
     const int64_t n_blocks = (T + R - 1) / R;
-#ifdef HAVE_AVX512_ATTENTION
-    const int wide = use_avx512_attention(Dh);
-#else
-    const int wide = 0;
-#endif
+    const int wide = avx512_rows(Dh);
     prefill_job job = {.q = q, .kbase = kcache + base * row_bytes,
                        .vbase = vcache + base * row_bytes, .row_bytes = row_bytes,
                        .type = kv->type, .T = T,

@@ -87,11 +87,7 @@ __attribute__((target("avx512f,fma"))) static void glu_gelu_tanh_avx512(const fl
 #endif
 
 void cpu_glu(const float *gate_up, int64_t n, int64_t F, int act, float *out) {
-#ifdef HAVE_AVX512_ATTENTION
-    const int wide = use_avx512_attention(16);
-#else
-    const int wide = 0;
-#endif
+    const int wide = avx512_rows(16);
     for (int64_t i = 0; i < n; i++) {
         const float *g = gate_up + i * 2 * F;
 #ifdef HAVE_AVX512_ATTENTION

@@ -142,4 +142,15 @@ static __attribute__((unused)) int use_avx512_attention(int64_t Dh) {
 }
 #endif
 
+/* Whether the AVX-512 bodies may run for rows of Dh floats: use_avx512_attention where
+ * they are compiled, 0 where not. */
+static inline int avx512_rows(int64_t Dh) {
+#ifdef HAVE_AVX512_ATTENTION
+    return use_avx512_attention(Dh);
+#else
+    (void)Dh;
+    return 0;
+#endif
+}
+
 #endif
